@@ -1,0 +1,2 @@
+//! Placeholder until the quick start lands.
+fn main() {}

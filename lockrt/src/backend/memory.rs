@@ -1,0 +1,111 @@
+//! In-process locks with the Redis backend's semantics: owner tokens, leases that expire on a
+//! monotonic clock, owner-checked renew and release, strictly increasing fences. Used by
+//! `Locker::in_memory()` for unit tests and local development. Never awaits while holding its
+//! mutex (every operation is a short synchronous critical section).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Attempt, Renewal, Token};
+use crate::key::LockKey;
+
+struct Held {
+    token: Token,
+    fence: u64,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    locks: HashMap<String, Held>,
+    // One counter for all keys: strictly increasing per key across holders, and no state at
+    // all per idle key.
+    last_fence: u64,
+    // Size at which expired entries are swept, so abandoned keys cannot pile up.
+    sweep_at: usize,
+}
+
+#[derive(Default)]
+pub(crate) struct MemoryBackend {
+    state: Mutex<State>,
+}
+
+impl MemoryBackend {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding this mutex cannot leave the map half-updated (single inserts and
+        // removes), so a poisoned lock is safe to keep using.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Attempt {
+        let now = Instant::now();
+        let mut st = self.state();
+        if st.locks.len() >= st.sweep_at.max(1024) {
+            st.locks.retain(|_, h| h.expires > now);
+            st.sweep_at = st.locks.len() * 2;
+        }
+        if let Some(h) = st.locks.get_mut(&key.lock) {
+            if h.expires > now {
+                if h.token == *token {
+                    h.expires = now + ttl;
+                    return Attempt::Acquired { fence: h.fence };
+                }
+                return Attempt::Held {
+                    pttl: Some(h.expires - now),
+                };
+            }
+        }
+        st.last_fence += 1;
+        let fence = st.last_fence;
+        st.locks.insert(
+            key.lock.clone(),
+            Held {
+                token: token.clone(),
+                fence,
+                expires: now + ttl,
+            },
+        );
+        Attempt::Acquired { fence }
+    }
+
+    pub(crate) fn renew(&self, batch: &[Renewal]) -> Vec<bool> {
+        let now = Instant::now();
+        let mut st = self.state();
+        batch
+            .iter()
+            .map(|r| match st.locks.get_mut(&r.lock) {
+                Some(h) if h.expires > now && h.token == r.token => {
+                    h.expires = now + r.ttl;
+                    true
+                }
+                _ => false,
+            })
+            .collect()
+    }
+
+    pub(crate) fn release(&self, key: &LockKey, token: &Token) -> bool {
+        let now = Instant::now();
+        let mut st = self.state();
+        match st.locks.get(&key.lock) {
+            Some(h) if h.token == *token => {
+                let live = h.expires > now;
+                st.locks.remove(&key.lock);
+                live
+            }
+            _ => false,
+        }
+    }
+
+    /// Remaining lease of a lock, for tests and introspection.
+    pub(crate) fn pttl(&self, lock: &str) -> Option<Duration> {
+        let now = Instant::now();
+        self.state()
+            .locks
+            .get(lock)
+            .filter(|h| h.expires > now)
+            .map(|h| h.expires - now)
+    }
+}

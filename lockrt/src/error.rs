@@ -1,0 +1,223 @@
+//! The crate's one error type, [`LockError`], and [`FromLockError`], the bridge that lets an
+//! annotated function return lock failures through its own return type.
+//!
+//! Messages say what happened and what to do. Nothing here may carry a password: backend errors
+//! are stored as already-scrubbed text plus the redacted server address.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Everything that can go wrong while taking, holding or releasing a lock.
+///
+/// ```
+/// use lockrt::LockError;
+/// use std::time::Duration;
+///
+/// let err = LockError::Timeout { key: "stock:1".into(), waited: Duration::from_secs(5) };
+/// assert!(err.is_timeout());
+/// assert_eq!(
+///     err.to_string(),
+///     "could not lock `stock:1`: `wait` elapsed after 5s while another owner held it; \
+///      raise `wait` or shorten the critical section"
+/// );
+/// ```
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock stayed held by another owner for the whole `wait`.
+    #[error(
+        "could not lock `{key}`: `wait` elapsed after {} while another owner held it; \
+         raise `wait` or shorten the critical section",
+        fmt_duration(*waited)
+    )]
+    Timeout {
+        /// The lock's key, as given by the caller.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// The lease ran out or was taken over while the critical section ran.
+    #[error(
+        "lock `{key}` was lost while held (lease expired or taken over); the critical section \
+         was stopped or must not commit its effects; check Redis reachability and `ttl`"
+    )]
+    Lost {
+        /// The lock's key, as given by the caller.
+        key: String,
+    },
+    /// Redis could not be reached or answered with an error.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The key is empty, too long, or otherwise unusable.
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The offending key (truncated when very long).
+        key: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// An annotated function without `locker = ...` ran before [`set_default`](crate::set_default).
+    #[error(
+        "no default locker installed: call `lockrt::set_default(locker)` at startup, \
+         or pass `locker = ...` to #[distributed_lock]"
+    )]
+    NoDefaultLocker,
+    /// The locker was configured with invalid settings.
+    #[error("invalid locker configuration: {0}")]
+    Config(String),
+}
+
+impl LockError {
+    /// `true` for [`LockError::Timeout`]: the lock was busy for the whole wait.
+    ///
+    /// ```
+    /// # use lockrt::LockError;
+    /// assert!(!LockError::NoDefaultLocker.is_timeout());
+    /// ```
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, LockError::Timeout { .. })
+    }
+
+    /// `true` for [`LockError::Lost`]: the lease was lost while the section ran.
+    ///
+    /// ```
+    /// # use lockrt::LockError;
+    /// assert!(LockError::Lost { key: "k".into() }.is_lost());
+    /// ```
+    pub fn is_lost(&self) -> bool {
+        matches!(self, LockError::Lost { .. })
+    }
+
+    /// `true` for [`LockError::Backend`]: Redis was unreachable or failed.
+    ///
+    /// ```
+    /// # use lockrt::LockError;
+    /// assert!(!LockError::NoDefaultLocker.is_backend());
+    /// ```
+    pub fn is_backend(&self) -> bool {
+        matches!(self, LockError::Backend(_))
+    }
+}
+
+/// A failure talking to the lock server. Carries the server's address with credentials removed,
+/// and the failure as text (scrubbed of credentials too).
+///
+/// ```
+/// use lockrt::BackendError;
+/// let e = BackendError::new("127.0.0.1:6379", "connection refused");
+/// assert_eq!(e.addr(), "127.0.0.1:6379");
+/// assert!(e.to_string().contains("127.0.0.1:6379"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct BackendError {
+    addr: String,
+    message: String,
+    transient: bool,
+}
+
+impl BackendError {
+    /// An error for the server at `addr` (already redacted) with a message.
+    pub fn new(addr: impl Into<String>, message: impl Into<String>) -> Self {
+        BackendError {
+            addr: addr.into(),
+            message: message.into(),
+            transient: true,
+        }
+    }
+
+    pub(crate) fn permanent(mut self) -> Self {
+        self.transient = false;
+        self
+    }
+
+    /// The server's address, without credentials.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// What went wrong, without credentials.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether retrying the same request may succeed (I/O failures, timeouts, failover).
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lock server at {} failed: {}; check that Redis is running and reachable",
+            self.addr, self.message
+        )
+    }
+}
+
+impl fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendError")
+            .field("addr", &self.addr)
+            .field("message", &self.message)
+            .field("transient", &self.transient)
+            .finish()
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// Renders `1.5s`, `300ms`, `2m` for messages.
+pub(crate) fn fmt_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        format!("{}µs", d.as_micros())
+    } else if ms % 1000 != 0 || ms < 1000 {
+        if ms < 1000 {
+            format!("{ms}ms")
+        } else {
+            format!("{:.3}s", d.as_secs_f64())
+        }
+    } else {
+        format!("{}s", ms / 1000)
+    }
+}
+
+/// How an annotated function turns a lock failure into its own return value.
+///
+/// Implemented for every `Result<T, E>` whose `E: From<LockError>`. Implement it for your own
+/// return type (an axum response, say) to decide what a busy lock looks like to your callers.
+///
+/// ```
+/// use lockrt::{FromLockError, LockError};
+///
+/// enum Reply { Done(u32), Busy }
+///
+/// impl FromLockError for Reply {
+///     fn from_lock_error(err: LockError) -> Self {
+///         let _ = err;
+///         Reply::Busy
+///     }
+/// }
+///
+/// let r: Result<u32, LockError> = FromLockError::from_lock_error(LockError::NoDefaultLocker);
+/// assert!(r.is_err());
+/// assert!(matches!(Reply::from_lock_error(LockError::NoDefaultLocker), Reply::Busy));
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` fn returns `{Self}`, which cannot carry a lock failure",
+    label = "lock failures (timeout, lost, Redis down) must be returned through this type",
+    note = "return `Result<T, E>` where `E: From<lockrt::LockError>` (e.g. `Result<T, lockrt::LockError>`), \
+            or implement `lockrt::FromLockError` for `{Self}`"
+)]
+pub trait FromLockError {
+    /// Builds the value returned when the lock could not be taken or was lost.
+    fn from_lock_error(err: LockError) -> Self;
+}
+
+impl<T, E: From<LockError>> FromLockError for Result<T, E> {
+    fn from_lock_error(err: LockError) -> Self {
+        Err(E::from(err))
+    }
+}

@@ -1,0 +1,147 @@
+//! Per-call settings: [`LockOptions`] (ttl, wait, watchdog, what to do on loss). Unset fields
+//! fall back to the [`Locker`](crate::Locker)'s defaults when the lock is taken.
+
+use std::time::Duration;
+
+/// How long to wait for a busy lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Wait {
+    /// Give up after this long. `Duration::ZERO` makes exactly one attempt.
+    For(Duration),
+    /// No limit: wait until the lock is free.
+    Forever,
+}
+
+/// What happens to a critical section whose lease is lost while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnLost {
+    /// Drop the body future at once and return [`LockError::Lost`](crate::LockError::Lost).
+    #[default]
+    Cancel,
+    /// Let the body run to completion; the loss is logged at WARN.
+    Continue,
+}
+
+/// Options for one acquisition.
+///
+/// ```
+/// use lockrt::{LockOptions, OnLost};
+/// use std::time::Duration;
+///
+/// let opts = LockOptions::new()
+///     .ttl(Duration::from_secs(10))
+///     .wait(Duration::from_millis(500))
+///     .on_lost(OnLost::Cancel);
+/// assert_eq!(opts.get_ttl(), Some(Duration::from_secs(10)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockOptions {
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) wait: Option<Wait>,
+    pub(crate) watchdog: bool,
+    pub(crate) on_lost: OnLost,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LockOptions {
+    /// Locker defaults for ttl and wait, watchdog on, cancel on loss.
+    ///
+    /// ```
+    /// let opts = lockrt::LockOptions::new();
+    /// assert!(opts.get_watchdog());
+    /// ```
+    pub const fn new() -> Self {
+        LockOptions {
+            ttl: None,
+            wait: None,
+            watchdog: true,
+            on_lost: OnLost::Cancel,
+        }
+    }
+
+    /// Lease length. With the watchdog on, the lease is renewed about every `ttl / 3`.
+    /// Values below 30 ms are raised to 30 ms when the lock is taken.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let opts = lockrt::LockOptions::new().ttl(Duration::from_secs(5));
+    /// # assert_eq!(opts.get_ttl(), Some(Duration::from_secs(5)));
+    /// ```
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Longest time to wait for a busy lock; `Duration::ZERO` = one attempt.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let opts = lockrt::LockOptions::new().wait(Duration::ZERO);
+    /// # assert_eq!(opts.get_wait(), Some(lockrt::Wait::For(Duration::ZERO)));
+    /// ```
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(Wait::For(wait));
+        self
+    }
+
+    /// Wait without limit.
+    ///
+    /// ```
+    /// let opts = lockrt::LockOptions::new().wait_forever();
+    /// # assert_eq!(opts.get_wait(), Some(lockrt::Wait::Forever));
+    /// ```
+    pub const fn wait_forever(mut self) -> Self {
+        self.wait = Some(Wait::Forever);
+        self
+    }
+
+    /// `true` (default): renew the lease while held. `false`: a fixed lease of `ttl`, after
+    /// which the lock counts as lost.
+    ///
+    /// ```
+    /// let opts = lockrt::LockOptions::new().watchdog(false);
+    /// # assert!(!opts.get_watchdog());
+    /// ```
+    pub const fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// What [`Locker::run`](crate::Locker::run) does when the lease is lost.
+    ///
+    /// ```
+    /// let opts = lockrt::LockOptions::new().on_lost(lockrt::OnLost::Continue);
+    /// # assert_eq!(opts.get_on_lost(), lockrt::OnLost::Continue);
+    /// ```
+    pub const fn on_lost(mut self, on_lost: OnLost) -> Self {
+        self.on_lost = on_lost;
+        self
+    }
+
+    /// The ttl set here, if any.
+    pub const fn get_ttl(&self) -> Option<Duration> {
+        self.ttl
+    }
+
+    /// The wait set here, if any.
+    pub const fn get_wait(&self) -> Option<Wait> {
+        self.wait
+    }
+
+    /// Whether the watchdog is on.
+    pub const fn get_watchdog(&self) -> bool {
+        self.watchdog
+    }
+
+    /// The loss policy.
+    pub const fn get_on_lost(&self) -> OnLost {
+        self.on_lost
+    }
+}

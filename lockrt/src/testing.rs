@@ -1,0 +1,221 @@
+//! Throwaway `redis-server` processes for tests (feature `testing`).
+//!
+//! Each [`RedisServer`] is its own process on a free loopback port, with persistence off and
+//! its working files in a temporary directory. It is ready when `start` returns (it answered
+//! `PING`), and killed, by its own pid, when dropped. Fault tests can [`kill`](RedisServer::kill),
+//! [`restart`](RedisServer::restart), [`pause`](RedisServer::pause) and
+//! [`resume`](RedisServer::resume) it. This module only ever signals processes it started.
+//!
+//! ```no_run
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use lockrt::testing::RedisServer;
+//!
+//! let server = RedisServer::start()?;
+//! let locker = lockrt::Locker::connect(&server.url()).await?;
+//! let guard = locker.acquire("job", lockrt::LockOptions::new()).await?;
+//! # drop(guard); Ok(()) }
+//! ```
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a fresh server may take to answer `PING`.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts at finding a port nobody else grabs between our probe and the server's bind.
+const PORT_ATTEMPTS: usize = 5;
+
+/// A `redis-server` child process owned by the test.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    binary: PathBuf,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers.
+    ///
+    /// Fails with the install command when `redis-server` is not on `PATH` (or at
+    /// `$REDIS_SERVER_BIN`).
+    pub fn start() -> io::Result<RedisServer> {
+        RedisServer::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments (e.g.
+    /// `["--requirepass", "secret"]`).
+    pub fn start_with(args: &[&str]) -> io::Result<RedisServer> {
+        let binary = std::env::var_os("REDIS_SERVER_BIN")
+            .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from);
+        let extra: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+        let mut last_err = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port()?;
+            let dir = tempfile::Builder::new().prefix("lockrt-redis-").tempdir()?;
+            let mut server = RedisServer {
+                child: None,
+                port,
+                dir,
+                binary: binary.clone(),
+                extra: extra.clone(),
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(e),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("could not start redis-server")))
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let child = Command::new(&self.binary)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::NotFound {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!(
+                            "`{}` not found: install Redis (`sudo apt-get install -y redis-server` on \
+                             Debian/Ubuntu, `brew install redis` on macOS) or set REDIS_SERVER_BIN",
+                            self.binary.display()
+                        ),
+                    )
+                } else {
+                    e
+                }
+            })?;
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> io::Result<()> {
+        let start = Instant::now();
+        while start.elapsed() < READY_TIMEOUT {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    self.child = None;
+                    return Err(io::Error::other(format!(
+                        "redis-server on port {} exited: {status}",
+                        self.port
+                    )));
+                }
+            }
+            if self.ping() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("redis-server on port {} not ready in time", self.port),
+        ))
+    }
+
+    /// `true` when the server answers `PING` within 200 ms.
+    pub fn ping(&self) -> bool {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
+        let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut buf = [0u8; 7];
+        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The loopback port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A `redis::Client` for inspecting the server from a test.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("a loopback URL always parses")
+    }
+
+    /// Kills the server at once (SIGKILL): clients see connection resets.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, empty (there is no persistence).
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        let start = Instant::now();
+        // The port may linger briefly after the kill; retry the bind within a bound.
+        loop {
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                Err(e)
+                    if start.elapsed() < READY_TIMEOUT && e.kind() != io::ErrorKind::NotFound =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open but nothing is answered.
+    pub fn pause(&self) -> io::Result<()> {
+        self.signal("-STOP")
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) -> io::Result<()> {
+        self.signal("-CONT")
+    }
+
+    fn signal(&self, sig: &str) -> io::Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| io::Error::other("redis-server is not running"))?;
+        let status = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("kill {sig} {pid} failed")))
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // SIGKILL also ends a paused (SIGSTOPped) server.
+        self.kill();
+    }
+}
+
+fn free_port() -> io::Result<u16> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(l.local_addr()?.port())
+}
