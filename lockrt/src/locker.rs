@@ -73,6 +73,7 @@ struct Inner {
     notifier: Notifier,
     monitor: OnceLock<Monitor>,
     held: AtomicUsize,
+    waiting: AtomicUsize,
     next_lease: AtomicU64,
 }
 
@@ -243,6 +244,8 @@ pub struct LockerStats {
     pub keys: usize,
     /// Release channels with a waiter listening.
     pub listening: usize,
+    /// Callers of this locker waiting for a busy lock right now.
+    pub waiting: usize,
 }
 
 impl Locker {
@@ -317,6 +320,7 @@ impl Locker {
                 notifier,
                 monitor: OnceLock::new(),
                 held: AtomicUsize::new(0),
+                waiting: AtomicUsize::new(0),
                 next_lease: AtomicU64::new(1),
             }),
         }
@@ -352,6 +356,7 @@ impl Locker {
             held: self.inner.held.load(Ordering::Relaxed),
             keys: self.inner.notifier.entries(),
             listening: self.inner.notifier.listening(),
+            waiting: self.inner.waiting.load(Ordering::Relaxed),
         }
     }
 
@@ -510,6 +515,7 @@ impl Locker {
         let permit = match turn.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
+                let _waiting = Counted::new(&self.inner.waiting);
                 let fut = turn.acquire_owned();
                 let res = match deadline {
                     Some(d) => tokio::time::timeout_at(d, fut)
@@ -523,6 +529,7 @@ impl Locker {
 
         let token = Token::new();
         let (mut attempt, mut sent) = self.attempt(&key, &token, ttl).await?;
+        let mut waiting = None;
         let listener = match attempt {
             Attempt::Acquired { .. } => None,
             Attempt::Held { .. } if deadline.is_some_and(|d| Instant::now() >= d) => {
@@ -530,6 +537,7 @@ impl Locker {
                 return Err(timeout(start));
             }
             Attempt::Held { .. } => {
+                waiting = Some(Counted::new(&self.inner.waiting));
                 let listen = entry.listen();
                 let l = match deadline {
                     Some(d) => tokio::time::timeout_at(d, listen)
@@ -569,6 +577,7 @@ impl Locker {
             }
         }
         drop(listener);
+        drop(waiting);
         let Attempt::Acquired { fence } = attempt else {
             unreachable!("loop exits only when acquired")
         };
@@ -696,6 +705,22 @@ impl Locker {
                 res => return res,
             }
         }
+    }
+}
+
+/// Counts a caller in a gauge for as long as it lives.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(gauge: &'a AtomicUsize) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

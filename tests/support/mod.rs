@@ -1,0 +1,119 @@
+//! Shared fixtures: each test gets its own lock space, either a throwaway redis-server or an
+//! in-memory locker, through the same API, so behaviour tests run unchanged on both backends.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use lockrt::testing::RedisServer;
+use lockrt::{LockOptions, Locker};
+use redis::AsyncCommands;
+use tokio::time::Instant;
+
+/// A lock space: a Redis server of its own, or one in-memory locker.
+pub enum Fx {
+    Redis(RedisServer),
+    Memory(Locker),
+}
+
+impl Fx {
+    pub fn redis() -> Fx {
+        Fx::Redis(RedisServer::start().expect("start redis-server"))
+    }
+
+    pub fn memory() -> Fx {
+        Fx::Memory(Locker::in_memory())
+    }
+
+    pub fn is_redis(&self) -> bool {
+        matches!(self, Fx::Redis(_))
+    }
+
+    pub fn server(&mut self) -> &mut RedisServer {
+        match self {
+            Fx::Redis(s) => s,
+            Fx::Memory(_) => panic!("this test needs Redis"),
+        }
+    }
+
+    /// A new locker on this lock space: its own connections for Redis, a clone in memory.
+    pub async fn locker(&self) -> Locker {
+        match self {
+            Fx::Redis(s) => Locker::connect(&s.url()).await.expect("connect"),
+            Fx::Memory(l) => l.clone(),
+        }
+    }
+
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        match self {
+            Fx::Redis(s) => s
+                .client()
+                .get_multiplexed_async_connection()
+                .await
+                .expect("redis connection"),
+            Fx::Memory(_) => panic!("this test needs Redis"),
+        }
+    }
+
+    /// Remaining lease of `key` (`None` when not held).
+    pub async fn pttl(&self, key: &str) -> Option<Duration> {
+        match self {
+            Fx::Redis(_) => {
+                let ms: i64 = self
+                    .conn()
+                    .await
+                    .pttl(format!("lock:{key}"))
+                    .await
+                    .expect("PTTL");
+                (ms > 0).then(|| Duration::from_millis(ms as u64))
+            }
+            Fx::Memory(l) => l.memory_pttl(key),
+        }
+    }
+
+    /// Waits (bounded) until `key` is no longer held; how long it took, or `None` if it
+    /// was still held after `within`.
+    pub async fn gone_within(&self, key: &str, within: Duration) -> Option<Duration> {
+        let start = Instant::now();
+        while start.elapsed() <= within {
+            if self.pttl(key).await.is_none() {
+                return Some(start.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        None
+    }
+}
+
+pub fn opts() -> LockOptions {
+    LockOptions::new()
+}
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Runs an async test body against Redis and against the in-memory backend.
+#[macro_export]
+macro_rules! both {
+    ($(#[$m:meta])* async fn $name:ident($fx:ident) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            async fn body($fx: $crate::support::Fx) $body
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$m])*
+            async fn redis() {
+                body($crate::support::Fx::redis()).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$m])*
+            async fn memory() {
+                body($crate::support::Fx::memory()).await
+            }
+        }
+    };
+}

@@ -1,0 +1,155 @@
+//! Waiting for a busy lock: `wait` bounds, single attempts, and prompt hand-off on release.
+
+mod support;
+
+use std::time::Duration;
+
+use lockrt::LockError;
+use redis::AsyncCommands;
+use support::{ms, opts};
+use tokio::time::Instant;
+
+both! {
+    async fn wait_300ms_times_out_between_300_and_450ms(fx) {
+        let holder = fx.locker().await;
+        let waiter = fx.locker().await;
+        let _guard = holder.acquire("busy", opts().ttl(ms(10_000))).await.unwrap();
+        let start = Instant::now();
+        let err = waiter.acquire("busy", opts().wait(ms(300))).await.unwrap_err();
+        let took = start.elapsed();
+        assert!(err.is_timeout(), "{err}");
+        assert!(took >= ms(300) && took <= ms(450), "timed out after {took:?}");
+        match err {
+            LockError::Timeout { key, waited } => {
+                assert_eq!(key, "busy");
+                assert!(waited >= ms(300));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(err_text_names_key_and_wait(&waiter.acquire("busy", opts().wait(ms(0))).await.unwrap_err()));
+    }
+}
+
+fn err_text_names_key_and_wait(e: &LockError) -> bool {
+    let s = e.to_string();
+    s.contains("`busy`") && s.contains("wait")
+}
+
+both! {
+    async fn try_acquire_returns_none_while_held_and_some_after(fx) {
+        let a = fx.locker().await;
+        let b = fx.locker().await;
+        let g = a.acquire("k", opts()).await.unwrap();
+        assert!(b.try_acquire("k", opts()).await.unwrap().is_none());
+        g.release().await.unwrap();
+        assert!(b.try_acquire("k", opts()).await.unwrap().is_some());
+    }
+}
+
+/// `wait = 0` sends exactly one acquire script to Redis.
+#[tokio::test]
+async fn wait_zero_makes_exactly_one_attempt() {
+    let fx = support::Fx::redis();
+    let holder = fx.locker().await;
+    let waiter = fx.locker().await;
+    let _g = holder.acquire("one", opts()).await.unwrap();
+    let mut conn = fx.conn().await;
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = waiter
+        .acquire("one", opts().wait(Duration::ZERO))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let calls = |cmd: &str| {
+        stats
+            .lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))
+            .and_then(|l| {
+                l.split(['=', ','])
+                    .nth(1)
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+    };
+    // One EVALSHA (or EVAL when the script had to be loaded), and no subscription.
+    assert_eq!(calls("evalsha") + calls("eval"), 1, "{stats}");
+    assert_eq!(calls("subscribe"), 0, "{stats}");
+    let _: () = conn.set("unrelated", 1).await.unwrap();
+}
+
+both! {
+    async fn waiter_acquires_promptly_after_release(fx) {
+        let holder = fx.locker().await;
+        let waiter = fx.locker().await;
+        let mut handoffs = Vec::new();
+        for round in 0..20u64 {
+            let g = holder.acquire("handoff", opts()).await.unwrap();
+            let w = waiter.clone();
+            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+            let waiting = tokio::spawn(async move {
+                let _ = ready_tx.send(());
+                let g = w.acquire("handoff", opts().wait(ms(10_000))).await.unwrap();
+                let at = Instant::now();
+                g.release().await.unwrap();
+                at
+            });
+            ready_rx.await.unwrap();
+            // Let the waiter reach its subscription at varying points.
+            tokio::time::sleep(ms(5 + round % 5 * 3)).await;
+            let released = Instant::now();
+            g.release().await.unwrap();
+            let acquired = waiting.await.unwrap();
+            handoffs.push(acquired.saturating_duration_since(released));
+        }
+        handoffs.sort();
+        let median = handoffs[handoffs.len() / 2];
+        eprintln!("hand-off median {median:?}, max {:?}", handoffs.last().unwrap());
+        assert!(median <= ms(20), "median hand-off {median:?}: {handoffs:?}");
+    }
+}
+
+/// Callers of one locker get a busy lock in the order they asked for it.
+async fn fifo(fx: support::Fx) {
+    let locker = fx.locker().await;
+    let g = locker.acquire("fifo", opts()).await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (l, order) = (locker.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = l.acquire("fifo", opts().wait(ms(10_000))).await.unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        // On a current-thread runtime the spawned task queues itself before yielding back.
+        let start = Instant::now();
+        while locker.stats().waiting < i + 1 {
+            assert!(start.elapsed() < ms(5_000), "waiter {i} never queued");
+            tokio::task::yield_now().await;
+        }
+    }
+    g.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..8).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn waiters_of_one_locker_are_served_in_arrival_order_redis() {
+    fifo(support::Fx::redis()).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn waiters_of_one_locker_are_served_in_arrival_order_memory() {
+    fifo(support::Fx::memory()).await;
+}
