@@ -10,8 +10,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OwnedSemaphorePermit;
-
 use crate::LockError;
 use crate::backend::Token;
 use crate::key::LockKey;
@@ -37,7 +35,7 @@ pub struct LockGuard {
     pub(crate) key: LockKey,
     pub(crate) info: Arc<LeaseInfo>,
     pub(crate) fence: u64,
-    pub(crate) turn: Option<(OwnedSemaphorePermit, EntryHandle)>,
+    pub(crate) entry: Option<EntryHandle>,
     pub(crate) done: bool,
 }
 
@@ -117,9 +115,10 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), LockError> {
         self.done = true;
         self.locker.monitor_remove(self.info.id);
-        let turn = self.turn.take();
+        let entry = self.entry.take();
         let res = self.locker.release_token(&self.key, &self.info.token).await;
-        drop(turn);
+        self.info.leave_turn();
+        drop(entry);
         match res {
             Ok(true) => Ok(()),
             Ok(false) => Err(LockError::Lost {
@@ -140,20 +139,22 @@ impl Drop for LockGuard {
             return;
         }
         self.locker.monitor_remove(self.info.id);
-        let turn = self.turn.take();
+        let entry = self.entry.take();
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             // No runtime left to talk to Redis: the lease ends the lock within ttl.
             self.locker.note_released();
+            self.info.leave_turn();
             return;
         };
         let locker = self.locker.clone();
         let key = self.key.clone();
-        let token = self.info.token.clone();
+        let info = self.info.clone();
         rt.spawn(async move {
-            if let Err(e) = locker.release_token(&key, &token).await {
+            if let Err(e) = locker.release_token(&key, &info.token).await {
                 tracing::warn!(key = %key.user, error = %e, "background release failed; the lease will expire");
             }
-            drop(turn);
+            info.leave_turn();
+            drop(entry);
         });
     }
 }

@@ -13,10 +13,10 @@
 //! never blocks a guard: guards talk to it through an unbounded channel.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -36,6 +36,16 @@ pub(crate) struct LeaseInfo {
     pub(crate) watchdog: bool,
     /// Cancelled when the lease is lost.
     pub(crate) lost: CancellationToken,
+    /// The holder's place in its locker's queue for the key: given up at loss, so local
+    /// waiters don't queue behind a lock nobody holds.
+    pub(crate) turn: Mutex<Option<OwnedSemaphorePermit>>,
+}
+
+impl LeaseInfo {
+    /// Gives up the local turn (idempotent).
+    pub(crate) fn leave_turn(&self) {
+        drop(self.turn.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
 }
 
 /// The margin taken off every deadline: covers clock-rate differences between this host and
@@ -194,4 +204,5 @@ fn apply(leases: &mut HashMap<u64, State>, cmd: Cmd, wake: &mut Instant) {
 fn declare_lost(info: &LeaseInfo, why: &str) {
     tracing::warn!(key = %info.user_key, reason = why, "lock lost");
     info.lost.cancel();
+    info.leave_turn();
 }

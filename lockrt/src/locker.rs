@@ -589,6 +589,7 @@ impl Locker {
             ttl,
             watchdog: opts.watchdog,
             lost: CancellationToken::new(),
+            turn: std::sync::Mutex::new(Some(permit)),
         });
         self.monitor().add(info.clone(), sent);
         self.inner.held.fetch_add(1, Ordering::Relaxed);
@@ -604,7 +605,7 @@ impl Locker {
             key,
             info,
             fence,
-            turn: Some((permit, entry)),
+            entry: Some(entry),
             done: false,
         }))
     }

@@ -1,0 +1,51 @@
+//! The watchdog keeps a short lease alive for a long body, and stops when the body ends.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{ms, opts};
+use tokio::time::Instant;
+
+both! {
+    async fn lease_renewed_through_a_long_body_and_not_after(fx) {
+        let holder = fx.locker().await;
+        let rival = fx.locker().await;
+        let body = async {
+            let start = Instant::now();
+            let mut min_pttl = Duration::MAX;
+            let mut rival_tries = 0;
+            while start.elapsed() < ms(3_500) {
+                let pttl = fx.pttl("long").await.expect("lock key must exist while the body runs");
+                min_pttl = min_pttl.min(pttl);
+                assert!(rival.try_acquire("long", opts()).await.unwrap().is_none(), "rival got the lock");
+                rival_tries += 1;
+                tokio::time::sleep(ms(25)).await;
+            }
+            (min_pttl, rival_tries)
+        };
+        let (min_pttl, tries) = holder.run("long", opts().ttl(ms(1_000)), body).await.unwrap();
+        assert!(min_pttl > Duration::ZERO, "lease ran out: {min_pttl:?}");
+        assert!(tries > 50);
+        // Released on return, and no renewal resurrects it.
+        assert!(fx.pttl("long").await.is_none(), "key left after the body ended");
+        tokio::time::sleep(ms(800)).await;
+        assert!(fx.pttl("long").await.is_none(), "a renewal ran after the body ended");
+        assert_eq!(holder.stats().held, 0);
+    }
+}
+
+both! {
+    async fn without_watchdog_the_lease_is_fixed_and_loss_is_declared(fx) {
+        let locker = fx.locker().await;
+        let start = Instant::now();
+        let res = locker
+            .run("fixed", opts().ttl(ms(300)).watchdog(false), tokio::time::sleep(ms(5_000)))
+            .await;
+        let took = start.elapsed();
+        assert!(res.unwrap_err().is_lost());
+        // Declared locally just before the server-side lease ends.
+        assert!(took < ms(300), "loss declared after {took:?}");
+        assert!(took > ms(200), "loss declared early, after {took:?}");
+    }
+}
