@@ -113,12 +113,12 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(mut self) -> Result<(), LockError> {
-        self.done = true;
         self.locker.monitor_remove(self.info.id);
-        let entry = self.entry.take();
         let res = self.locker.release_token(&self.key, &self.info.token).await;
+        // Only now: if this future is dropped mid-release, `Drop` releases in the background.
+        self.done = true;
         self.info.leave_turn();
-        drop(entry);
+        drop(self.entry.take());
         match res {
             Ok(true) => Ok(()),
             Ok(false) => Err(LockError::Lost {
