@@ -125,7 +125,7 @@ impl RedisServer {
         ))
     }
 
-    /// `true` when the server answers `PING` within 200 ms.
+    /// `true` when the server answers `PING` (or asks for a password) within 200 ms.
     pub fn ping(&self) -> bool {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
         let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
@@ -133,7 +133,10 @@ impl RedisServer {
         };
         let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
         let mut buf = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+        // A server with `requirepass` answers `-NOAUTH ...`: up and serving all the same.
+        s.write_all(b"PING\r\n").is_ok()
+            && s.read_exact(&mut buf).is_ok()
+            && (&buf == b"+PONG\r\n" || &buf == b"-NOAUTH")
     }
 
     /// `redis://127.0.0.1:<port>/`.
