@@ -641,7 +641,7 @@ impl Locker {
                         if uncertain {
                             // The request may have landed: remove it by token, in the
                             // background and bounded; otherwise the lease ends it.
-                            self.spawn_release(key.clone(), token.clone());
+                            self.spawn_cleanup(key.clone(), token.clone(), ttl);
                         }
                         tracing::warn!(key = %key.user, error = %e, "acquire failed");
                         return Err(e.into());
@@ -653,11 +653,24 @@ impl Locker {
         }
     }
 
-    fn spawn_release(&self, key: LockKey, token: Token) {
+    /// Removes a lock an unanswered acquire may have taken, by its token. Keeps trying (with
+    /// backoff) for at most `ttl`: after that the lease has ended it anyway.
+    fn spawn_cleanup(&self, key: LockKey, token: Token, ttl: Duration) {
         let this = self.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = this.release_raw(&key, &token).await;
+                let give_up = Instant::now() + ttl;
+                let mut backoff = Duration::from_millis(20);
+                while Instant::now() < give_up {
+                    if this.inner.backend.release(&key, &token).await.is_ok() {
+                        return;
+                    }
+                    tokio::time::sleep(
+                        backoff.min(give_up.saturating_duration_since(Instant::now())),
+                    )
+                    .await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
             });
         }
     }

@@ -23,5 +23,6 @@ if now > last then
 end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. fence, 'PX', ARGV[2])
+-- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. string.format('%.0f', fence), 'PX', ARGV[2])
 return {1, fence}
