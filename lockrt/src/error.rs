@@ -171,16 +171,12 @@ impl std::error::Error for BackendError {}
 /// Renders `1.5s`, `300ms`, `2m` for messages.
 pub(crate) fn fmt_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms == 0 {
-        format!("{}µs", d.as_micros())
-    } else if ms % 1000 != 0 || ms < 1000 {
-        if ms < 1000 {
-            format!("{ms}ms")
-        } else {
-            format!("{:.3}s", d.as_secs_f64())
-        }
-    } else {
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
+    } else {
+        format!("{:.3}s", d.as_secs_f64())
     }
 }
 

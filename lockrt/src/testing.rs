@@ -104,14 +104,14 @@ impl RedisServer {
     fn wait_ready(&mut self) -> io::Result<()> {
         let start = Instant::now();
         while start.elapsed() < READY_TIMEOUT {
-            if let Some(child) = self.child.as_mut() {
-                if let Some(status) = child.try_wait()? {
-                    self.child = None;
-                    return Err(io::Error::other(format!(
-                        "redis-server on port {} exited: {status}",
-                        self.port
-                    )));
-                }
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                self.child = None;
+                return Err(io::Error::other(format!(
+                    "redis-server on port {} exited: {status}",
+                    self.port
+                )));
             }
             if self.ping() {
                 return Ok(());

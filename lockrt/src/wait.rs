@@ -216,10 +216,8 @@ impl Drop for Listener<'_> {
                 .fetch_sub(1, Ordering::Relaxed)
                 == 1
         };
-        if last {
-            if let Some(tx) = &self.handle.shared.remote {
-                let _ = tx.send(SubCmd::Unsubscribe(self.handle.channel.clone()));
-            }
+        if last && let Some(tx) = &self.handle.shared.remote {
+            let _ = tx.send(SubCmd::Unsubscribe(self.handle.channel.clone()));
         }
     }
 }
@@ -270,13 +268,13 @@ async fn pubsub_task(
                         let Some(sh) = shared.upgrade() else { break };
                         let wanted = sh.entries().get(&ch).is_some_and(|e| e.listeners.load(Ordering::Relaxed) > 0);
                         drop(sh);
-                        if !wanted && subscribed.remove(&ch) {
-                            if let Some((sink, _)) = conn.as_mut() {
-                                if tokio::time::timeout(remote.timeout, sink.unsubscribe(&ch)).await.is_err() {
-                                    conn = None;
-                                    subscribed.clear();
-                                }
-                            }
+                        if !wanted
+                            && subscribed.remove(&ch)
+                            && let Some((sink, _)) = conn.as_mut()
+                            && tokio::time::timeout(remote.timeout, sink.unsubscribe(&ch)).await.is_err()
+                        {
+                            conn = None;
+                            subscribed.clear();
                         }
                     }
                 }

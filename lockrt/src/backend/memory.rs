@@ -47,16 +47,16 @@ impl MemoryBackend {
             st.locks.retain(|_, h| h.expires > now);
             st.sweep_at = st.locks.len() * 2;
         }
-        if let Some(h) = st.locks.get_mut(&key.lock) {
-            if h.expires > now {
-                if h.token == *token {
-                    h.expires = now + ttl;
-                    return Attempt::Acquired { fence: h.fence };
-                }
-                return Attempt::Held {
-                    pttl: Some(h.expires - now),
-                };
+        if let Some(h) = st.locks.get_mut(&key.lock)
+            && h.expires > now
+        {
+            if h.token == *token {
+                h.expires = now + ttl;
+                return Attempt::Acquired { fence: h.fence };
             }
+            return Attempt::Held {
+                pttl: Some(h.expires - now),
+            };
         }
         st.last_fence += 1;
         let fence = st.last_fence;

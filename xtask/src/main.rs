@@ -1,0 +1,117 @@
+//! `cargo xtask demo` runs the flash-sale demo; `cargo xtask test` runs the whole test suite.
+//! Both first make sure `redis-server` is installed (with apt-get on Debian/Ubuntu, as root or
+//! through sudo), because the demo and the tests start throwaway Redis servers of their own.
+//! With `REDIS_URL` set, the demo uses that server instead and needs no local install.
+
+use std::process::{Command, ExitCode};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => ("help", &[][..]),
+    };
+    let result = match cmd {
+        "demo" => demo(rest),
+        "test" => test(rest),
+        _ => {
+            eprintln!(
+                "usage:\n  cargo xtask demo [ARGS]   run examples/seckill.rs (ARGS go to the demo)\n  \
+                 cargo xtask test [ARGS]   run every test (ARGS go to cargo test)"
+            );
+            return if cmd == "help" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            };
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn demo(args: &[String]) -> Result<(), String> {
+    if std::env::var_os("REDIS_URL").is_none() {
+        ensure_redis_server()?;
+    }
+    cargo(&["run", "--release", "--example", "seckill", "--"], args)
+}
+
+fn test(args: &[String]) -> Result<(), String> {
+    ensure_redis_server()?;
+    cargo(&["test", "--workspace"], args)
+}
+
+fn cargo(base: &[&str], extra: &[String]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .args(base)
+        .args(extra)
+        .status()
+        .map_err(|e| format!("could not run {cargo}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`cargo {}` failed ({status})", base.join(" ")))
+    }
+}
+
+fn has(program: &str, arg: &str) -> bool {
+    Command::new(program)
+        .arg(arg)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn ensure_redis_server() -> Result<(), String> {
+    let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
+    if has(&bin, "--version") {
+        return Ok(());
+    }
+    if !has("apt-get", "--version") {
+        return Err(
+            "redis-server is not installed and apt-get is not available: install Redis \
+                    (e.g. `brew install redis`) or set REDIS_SERVER_BIN to its path"
+                .into(),
+        );
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let sudo: &[&str] = if root {
+        &[]
+    } else if has("sudo", "--version") {
+        &["sudo"]
+    } else {
+        return Err(
+            "redis-server is not installed; run `apt-get install -y redis-server` as root".into(),
+        );
+    };
+    eprintln!("xtask: installing redis-server with apt-get");
+    for step in [
+        &["apt-get", "update", "-qq"][..],
+        &["apt-get", "install", "-y", "-qq", "redis-server"][..],
+    ] {
+        let mut argv: Vec<&str> = sudo.to_vec();
+        argv.extend_from_slice(step);
+        let status = Command::new(argv[0])
+            .args(&argv[1..])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .map_err(|e| format!("could not run {}: {e}", argv.join(" ")))?;
+        if !status.success() {
+            return Err(format!("`{}` failed ({status})", argv.join(" ")));
+        }
+    }
+    if has(&bin, "--version") {
+        Ok(())
+    } else {
+        Err("redis-server still not found after installing it".into())
+    }
+}
