@@ -153,3 +153,59 @@ async fn waiters_of_one_locker_are_served_in_arrival_order_redis() {
 async fn waiters_of_one_locker_are_served_in_arrival_order_memory() {
     fifo(support::Fx::memory()).await;
 }
+
+/// The subscriber connection is re-established and re-subscribed after it drops, so a
+/// waiter still hears the release instead of sleeping until the holder's lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_survives_a_dropped_subscriber_connection() {
+    let fx = support::Fx::redis();
+    let holder = fx.locker().await;
+    let waiter = fx.locker().await;
+    let mut conn = fx.conn().await;
+    let g = holder
+        .acquire("resub", opts().ttl(ms(20_000)))
+        .await
+        .unwrap();
+    let w = tokio::spawn(async move {
+        waiter
+            .acquire("resub", opts().wait(ms(8_000)))
+            .await
+            .map(|g| g.fence())
+    });
+    let numsub = async |conn: &mut redis::aio::MultiplexedConnection| -> u64 {
+        let v: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("{lock:resub}:rel")
+            .query_async(conn)
+            .await
+            .unwrap();
+        v[0].1
+    };
+    let start = Instant::now();
+    while numsub(&mut conn).await != 1 {
+        assert!(start.elapsed() < ms(3_000), "waiter never subscribed");
+        tokio::time::sleep(ms(5)).await;
+    }
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    let start = Instant::now();
+    while numsub(&mut conn).await != 1 {
+        assert!(start.elapsed() < ms(3_000), "waiter never re-subscribed");
+        tokio::time::sleep(ms(5)).await;
+    }
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let fence = w.await.unwrap().expect("waiter acquires after the release");
+    assert!(fence > 0);
+    assert!(
+        released.elapsed() < ms(1_000),
+        "hand-off took {:?}",
+        released.elapsed()
+    );
+}
