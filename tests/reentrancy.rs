@@ -84,3 +84,15 @@ async fn another_locker_is_another_owner_even_in_the_same_task() {
         .unwrap();
     assert!(res.unwrap_err().is_timeout());
 }
+
+/// `run` and `acquire` futures are `Send` when the body is, so they work in `tokio::spawn`
+/// and in axum handlers.
+#[test]
+fn lock_futures_are_send() {
+    fn is_send<T: Send>(_: &T) {}
+    let locker = lockrt::Locker::in_memory();
+    let run = locker.run("k", opts(), async { 1 });
+    is_send(&run);
+    let acq = locker.acquire("k", opts());
+    is_send(&acq);
+}

@@ -385,10 +385,7 @@ impl Locker {
     /// ```
     pub async fn acquire(&self, key: &str, opts: LockOptions) -> Result<LockGuard, LockError> {
         let wait = opts.wait.unwrap_or(self.inner.default_wait);
-        match self.acquire_inner(key, opts, wait).await? {
-            Some(g) => Ok(g),
-            None => unreachable!("acquire_inner returns Timeout instead of None when asked to"),
-        }
+        self.acquire_inner(key, opts, wait).await
     }
 
     /// One attempt: `Ok(None)` when another owner holds the lock. Ignores the options' wait.
@@ -410,7 +407,7 @@ impl Locker {
             .acquire_inner(key, opts, Wait::For(Duration::ZERO))
             .await
         {
-            Ok(g) => Ok(g),
+            Ok(g) => Ok(Some(g)),
             Err(LockError::Timeout { .. }) => Ok(None),
             Err(e) => Err(e),
         }
@@ -490,13 +487,13 @@ impl Locker {
         Ok(out)
     }
 
-    /// `Some(timeout)` in `wait`; `None` for try semantics is encoded as `For(0)`.
+    /// Takes the turn, then the lock, within `wait` (`For(0)`: one attempt).
     async fn acquire_inner(
         &self,
         user_key: &str,
         opts: LockOptions,
         wait: Wait,
-    ) -> Result<Option<LockGuard>, LockError> {
+    ) -> Result<LockGuard, LockError> {
         let start = Instant::now();
         let key = LockKey::new(&self.inner.prefix, user_key)?;
         let ttl = opts.ttl.unwrap_or(self.inner.default_ttl).max(MIN_TTL);
@@ -600,14 +597,14 @@ impl Locker {
             outcome = "acquired",
             "acquire"
         );
-        Ok(Some(LockGuard {
+        Ok(LockGuard {
             locker: self.clone(),
             key,
             info,
             fence,
             entry: Some(entry),
             done: false,
-        }))
+        })
     }
 
     /// One acquire, resolving a lost reply by retrying with the same token (bounded in count
