@@ -51,6 +51,18 @@ impl RedisServer {
     pub fn start_with(args: &[&str]) -> io::Result<RedisServer> {
         let binary = std::env::var_os("REDIS_SERVER_BIN")
             .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from);
+        RedisServer::start_using(binary, args)
+    }
+
+    /// Like [`start_with`](Self::start_with), running the given `redis-server` binary.
+    ///
+    /// ```
+    /// use lockrt::testing::RedisServer;
+    /// let err = RedisServer::start_using("/nonexistent/redis-server", &[]).unwrap_err();
+    /// assert!(err.to_string().contains("apt-get install -y redis-server"));
+    /// ```
+    pub fn start_using(binary: impl Into<PathBuf>, args: &[&str]) -> io::Result<RedisServer> {
+        let binary = binary.into();
         let extra: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
