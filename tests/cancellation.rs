@@ -85,6 +85,14 @@ async fn thousand_cancelled_acquires_leave_no_lock_renewal_or_subscription() {
     .await;
     settle(
         async || {
+            let keys: Vec<String> = conn.keys("{lock:storm:*}:[qw]").await.unwrap();
+            keys.is_empty()
+        },
+        "waiter queues left behind",
+    )
+    .await;
+    settle(
+        async || {
             let chans: Vec<String> = redis::cmd("PUBSUB")
                 .arg("CHANNELS")
                 .arg("*")

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::LockError;
-use crate::backend::Token;
+use crate::backend::{Released, Token};
 use crate::key::LockKey;
 use crate::lease::LeaseInfo;
 use crate::locker::Locker;
@@ -120,8 +120,8 @@ impl LockGuard {
         self.info.leave_turn();
         drop(self.entry.take());
         match res {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(LockError::Lost {
+            Ok(Released::Freed | Released::HandedOver) => Ok(()),
+            Ok(Released::NotOwner) => Err(LockError::Lost {
                 key: self.key.user.clone(),
             }),
             Err(e) => Err(e.into()),

@@ -3,7 +3,7 @@
 //! The lock itself is `prefix + key` (`lock:stock:1`), so operators find it with `redis-cli`.
 //! `{`, `}` and `%` in the user's key are percent-encoded, which gives two properties:
 //! a lock key never contains a brace, so its cluster slot is the hash of the whole name, and the
-//! auxiliary names `{lock:stock:1}:fence` / `{lock:stock:1}:rel` use exactly that name as their
+//! auxiliary names (`{lock:stock:1}:fence`, `:rel`, `:q`, `:w`) use exactly that name as their
 //! hash tag: same slot, and no user key can produce a name with a brace, so none can forge a tag
 //! or collide with an auxiliary name. This module must never let a raw user brace through.
 
@@ -24,6 +24,10 @@ pub(crate) struct LockKey {
     pub(crate) fence: String,
     /// `{lock}:rel`: the pub/sub channel a release is announced on.
     pub(crate) channel: String,
+    /// `{lock}:q`: waiters of all processes in arrival order.
+    pub(crate) queue: String,
+    /// `{lock}:w`: each queued waiter's registration expiry and granted lease.
+    pub(crate) waiters: String,
 }
 
 impl LockKey {
@@ -34,11 +38,15 @@ impl LockKey {
         escape_into(user, &mut lock);
         let fence = format!("{{{lock}}}:fence");
         let channel = format!("{{{lock}}}:rel");
+        let queue = format!("{{{lock}}}:q");
+        let waiters = format!("{{{lock}}}:w");
         Ok(LockKey {
             user: user.to_owned(),
             lock,
             fence,
             channel,
+            queue,
+            waiters,
         })
     }
 }

@@ -55,7 +55,9 @@ pub(crate) fn margin(ttl: Duration) -> Duration {
 }
 
 enum Cmd {
-    Add(Arc<LeaseInfo>, Instant),
+    /// A lease, the send time of the request that took it, and the lease it got then (the
+    /// full ttl, or a shorter grant lease that the first renewal extends).
+    Add(Arc<LeaseInfo>, Instant, Duration),
     Remove(u64),
 }
 
@@ -85,8 +87,8 @@ impl Monitor {
     }
 
     /// Starts watching a lease acquired by a request sent at `sent`.
-    pub(crate) fn add(&self, info: Arc<LeaseInfo>, sent: Instant) {
-        if self.tx.send(Cmd::Add(info.clone(), sent)).is_err() {
+    pub(crate) fn add(&self, info: Arc<LeaseInfo>, sent: Instant, lease: Duration) {
+        if self.tx.send(Cmd::Add(info.clone(), sent, lease)).is_err() {
             // No monitor (runtime shutting down): nobody can renew, so don't pretend to hold.
             info.lost.cancel();
         }
@@ -180,10 +182,10 @@ async fn run(backend: Arc<Backend>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
 
 fn apply(leases: &mut HashMap<u64, State>, cmd: Cmd, wake: &mut Instant) {
     match cmd {
-        Cmd::Add(info, sent) => {
+        Cmd::Add(info, sent, lease) => {
             let st = State {
-                deadline: sent + info.ttl - margin(info.ttl),
-                next_renew: sent + info.ttl / 3,
+                deadline: sent + lease - margin(lease),
+                next_renew: sent + lease / 3,
                 in_flight: false,
                 info,
             };

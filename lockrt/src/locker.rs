@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::LockError;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{RedisBackend, Timeouts};
-use crate::backend::{Attempt, Backend, Token};
+use crate::backend::{Attempt, Backend, Queueing, Released, Token};
 use crate::error::{BackendError, fmt_duration};
 use crate::guard::{HeldLock, LockGuard};
 use crate::key::{LockKey, validate_prefix};
@@ -31,6 +31,10 @@ const DEFAULT_TTL: Duration = Duration::from_secs(30);
 const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 const MIN_TTL: Duration = Duration::from_millis(30);
 const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// How long a queued waiter's registration lives without a refresh (it refreshes at half).
+const REGISTRATION: Duration = Duration::from_secs(2);
+/// Lease handed to a waiter with a watchdog; its first renewal extends it to the full ttl.
+const GRANT_LEASE: Duration = Duration::from_secs(2);
 /// Attempts for one acquire whose outcome stays unknown (reply lost, connection reset).
 const MAX_ATTEMPT_RETRIES: u32 = 3;
 
@@ -68,7 +72,6 @@ struct Inner {
     prefix: String,
     default_ttl: Duration,
     default_wait: Wait,
-    fence_retention: Duration,
     op_timeout: Duration,
     notifier: Notifier,
     monitor: OnceLock<Monitor>,
@@ -206,7 +209,7 @@ impl LockerBuilder {
             connect: self.connect_timeout,
             response: self.response_timeout,
         };
-        let backend = RedisBackend::connect(&url, timeouts).await?;
+        let backend = RedisBackend::connect(&url, timeouts, self.fence_retention).await?;
         let notifier = Notifier::remote(Remote {
             client: backend.client().clone(),
             addr: backend.addr().to_owned(),
@@ -315,7 +318,6 @@ impl Locker {
                 prefix: b.prefix,
                 default_ttl: b.default_ttl.max(MIN_TTL),
                 default_wait: b.default_wait,
-                fence_retention: b.fence_retention,
                 op_timeout: b.connect_timeout + b.response_timeout,
                 notifier,
                 monitor: OnceLock::new(),
@@ -524,8 +526,26 @@ impl Locker {
             }
         };
 
+        // A caller that may wait joins the lock's cross-process queue on its first failed
+        // attempt; a release then hands it the lock with a short lease that its watchdog
+        // extends (a waiter that died meanwhile blocks the lock only that long).
+        let queue = (wait != Wait::For(Duration::ZERO)).then(|| Queueing {
+            register: REGISTRATION,
+            grant_lease: if opts.watchdog {
+                ttl.min(GRANT_LEASE)
+            } else {
+                ttl
+            },
+        });
         let token = Token::new();
-        let (mut attempt, mut sent) = self.attempt(&key, &token, ttl).await?;
+        let mut enqueued = Enqueued {
+            locker: self,
+            key: &key,
+            token: &token,
+            bound: REGISTRATION.max(ttl),
+            armed: queue.is_some(),
+        };
+        let (mut attempt, mut sent) = self.attempt(&key, &token, ttl, queue).await?;
         let mut waiting = None;
         let listener = match attempt {
             Attempt::Acquired { .. } => None,
@@ -545,13 +565,22 @@ impl Locker {
                 Some(l.map_err(LockError::from)?)
             }
         };
+        let mut lease = ttl;
         if let Some(listener) = &listener {
             // Subscribed now: retry once, then after every release message (or fallback).
             loop {
                 let notified = listener.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                (attempt, sent) = self.attempt(&key, &token, ttl).await?;
+                if let Some(grant) = listener.take_grant(token.as_str()) {
+                    (attempt, sent, lease) = (
+                        Attempt::Acquired { fence: grant.fence },
+                        grant.at,
+                        grant_lease(queue, ttl),
+                    );
+                    break;
+                }
+                (attempt, sent) = self.attempt(&key, &token, ttl, queue).await?;
                 let pttl = match attempt {
                     Attempt::Acquired { .. } => break,
                     Attempt::Held { pttl } => pttl,
@@ -561,8 +590,11 @@ impl Locker {
                     tracing::debug!(key = user_key, outcome = "timeout", "acquire");
                     return Err(timeout(start));
                 }
-                // Fallback in case a message is lost: when the holder's lease runs out.
-                let fallback = pttl.unwrap_or(Duration::from_secs(1)) + Duration::from_millis(1);
+                // Fallback in case a message is lost: when the holder's lease runs out, and
+                // often enough to keep the queue registration fresh.
+                let fallback = pttl.map_or(REGISTRATION / 2, |p| {
+                    (p + Duration::from_millis(1)).min(REGISTRATION / 2)
+                });
                 let mut until = now + fallback;
                 if let Some(d) = deadline {
                     until = until.min(d);
@@ -573,6 +605,8 @@ impl Locker {
                 }
             }
         }
+        enqueued.armed = false;
+        drop(enqueued);
         drop(listener);
         drop(waiting);
         let Attempt::Acquired { fence } = attempt else {
@@ -588,7 +622,7 @@ impl Locker {
             lost: CancellationToken::new(),
             turn: std::sync::Mutex::new(Some(permit)),
         });
-        self.monitor().add(info.clone(), sent);
+        self.monitor().add(info.clone(), sent, lease);
         self.inner.held.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             key = user_key,
@@ -614,6 +648,7 @@ impl Locker {
         key: &LockKey,
         token: &Token,
         ttl: Duration,
+        queue: Option<Queueing>,
     ) -> Result<(Attempt, Instant), LockError> {
         let budget_end = Instant::now() + self.inner.op_timeout;
         let mut backoff = Duration::from_millis(10);
@@ -621,12 +656,7 @@ impl Locker {
         let mut tries = 0;
         loop {
             let sent = Instant::now();
-            match self
-                .inner
-                .backend
-                .acquire(key, token, ttl, self.inner.fence_retention)
-                .await
-            {
+            match self.inner.backend.acquire(key, token, ttl, queue).await {
                 Ok(a) => return Ok((a, sent)),
                 Err(e) => {
                     uncertain |= e.is_transient();
@@ -693,17 +723,17 @@ impl Locker {
         &self,
         key: &LockKey,
         token: &Token,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Released, BackendError> {
         let res = self.release_raw(key, token).await;
         self.note_released();
-        if matches!(res, Ok(true)) {
+        if matches!(res, Ok(Released::Freed)) {
             self.inner.notifier.wake(&key.channel);
         }
         tracing::debug!(key = %key.user, released = ?res.as_ref().ok(), "release");
         res
     }
 
-    async fn release_raw(&self, key: &LockKey, token: &Token) -> Result<bool, BackendError> {
+    async fn release_raw(&self, key: &LockKey, token: &Token) -> Result<Released, BackendError> {
         let mut backoff = Duration::from_millis(10);
         let mut tries = 0;
         loop {
@@ -715,6 +745,30 @@ impl Locker {
                 }
                 res => return res,
             }
+        }
+    }
+}
+
+/// The lease a grant hands over (see `acquire_inner`).
+fn grant_lease(queue: Option<Queueing>, ttl: Duration) -> Duration {
+    queue.map_or(ttl, |q| q.grant_lease)
+}
+
+/// A waiter's place in the cross-process queue: leaving without the lock (timeout, error,
+/// cancellation) removes it, and releases a grant that raced with the departure.
+struct Enqueued<'a> {
+    locker: &'a Locker,
+    key: &'a LockKey,
+    token: &'a Token,
+    bound: Duration,
+    armed: bool,
+}
+
+impl Drop for Enqueued<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.locker
+                .spawn_cleanup(self.key.clone(), self.token.clone(), self.bound);
         }
     }
 }

@@ -18,6 +18,7 @@ use futures_util::StreamExt;
 use redis::Client;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::error::BackendError;
 
@@ -25,6 +26,47 @@ pub(crate) struct Entry {
     pub(crate) turn: Arc<Semaphore>,
     notify: Notify,
     listeners: AtomicUsize,
+    /// Locks handed to a waiter by a release ("g:<token>:<fence>" messages), until claimed.
+    grants: Mutex<Vec<Grant>>,
+}
+
+/// A lock handed over by a release, as announced on the channel.
+#[derive(Debug, Clone)]
+pub(crate) struct Grant {
+    pub(crate) token: String,
+    pub(crate) fence: u64,
+    /// When the message arrived: the start of the granted lease, as far as this host knows.
+    pub(crate) at: Instant,
+}
+
+/// Grants kept per key at most: only this locker's head waiter claims one, the rest are
+/// other processes' and are dropped oldest first.
+const MAX_GRANTS: usize = 8;
+
+impl Entry {
+    fn deliver(&self, payload: &[u8], at: Instant) {
+        if let Some(rest) = payload.strip_prefix(b"g:")
+            && rest.len() > 33
+            && rest[32] == b':'
+            && let (Ok(token), Some(fence)) = (
+                std::str::from_utf8(&rest[..32]),
+                std::str::from_utf8(&rest[33..])
+                    .ok()
+                    .and_then(|f| f.parse().ok()),
+            )
+        {
+            let mut grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
+            if grants.len() >= MAX_GRANTS {
+                grants.remove(0);
+            }
+            grants.push(Grant {
+                token: token.to_owned(),
+                fence,
+                at,
+            });
+        }
+        self.notify.notify_waiters();
+    }
 }
 
 type Entries = Mutex<HashMap<String, Arc<Entry>>>;
@@ -93,6 +135,7 @@ impl Notifier {
                     turn: Arc::new(Semaphore::new(1)),
                     notify: Notify::new(),
                     listeners: AtomicUsize::new(0),
+                    grants: Mutex::new(Vec::new()),
                 });
                 map.insert(channel.to_owned(), e.clone());
                 e
@@ -204,6 +247,18 @@ impl Listener<'_> {
     pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
         self.handle.entry().notify.notified()
     }
+
+    /// Claims a lock a release handed to `token`, if its message has arrived.
+    pub(crate) fn take_grant(&self, token: &str) -> Option<Grant> {
+        let mut grants = self
+            .handle
+            .entry()
+            .grants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let i = grants.iter().position(|g| g.token == token)?;
+        Some(grants.remove(i))
+    }
 }
 
 impl Drop for Listener<'_> {
@@ -283,8 +338,9 @@ async fn pubsub_task(
                 let Some(sh) = shared.upgrade() else { break };
                 match msg {
                     Some(msg) => {
+                        let at = Instant::now();
                         if let Some(e) = sh.entries().get(msg.get_channel_name()) {
-                            e.notify.notify_waiters();
+                            e.deliver(msg.get_payload_bytes(), at);
                         }
                     }
                     None => {

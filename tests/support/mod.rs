@@ -117,3 +117,13 @@ macro_rules! both {
         }
     };
 }
+
+/// Waits (bounded) until `cond` holds, for state that settles right after a background step
+/// (a release spawned by `Drop`). Panics with `what` if it doesn't within 2 s.
+pub async fn eventually(mut cond: impl FnMut() -> bool, what: &str) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(2), "{what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}

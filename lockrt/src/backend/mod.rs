@@ -47,6 +47,26 @@ pub(crate) enum Attempt {
     Held { pttl: Option<Duration> },
 }
 
+/// How a failed attempt joins the lock's waiter queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Queueing {
+    /// The registration lapses unless refreshed within this.
+    pub(crate) register: Duration,
+    /// The lease a release hands over with the lock.
+    pub(crate) grant_lease: Duration,
+}
+
+/// What a release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// The token did not hold the lock (expired, taken over, or never acquired).
+    NotOwner,
+    /// Deleted; nobody was waiting.
+    Freed,
+    /// Handed straight to the longest waiter.
+    HandedOver,
+}
+
 /// One lease to renew.
 #[derive(Debug, Clone)]
 pub(crate) struct Renewal {
@@ -66,10 +86,11 @@ impl Backend {
         key: &LockKey,
         token: &Token,
         ttl: Duration,
-        fence_retention: Duration,
+        queue: Option<Queueing>,
     ) -> Result<Attempt, BackendError> {
         match self {
-            Backend::Redis(b) => b.acquire(key, token, ttl, fence_retention).await,
+            Backend::Redis(b) => b.acquire(key, token, ttl, queue).await,
+            // One process: its callers already queue on the locker's per-key turn.
             Backend::Memory(b) => Ok(b.acquire(key, token, ttl)),
         }
     }
@@ -82,11 +103,20 @@ impl Backend {
         }
     }
 
-    /// Deletes the lock if `token` owns it; `true` if it did.
-    pub(crate) async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, BackendError> {
+    /// Releases the lock if `token` owns it (handing it to a queued waiter, if any), and
+    /// takes `token` out of the waiter queue either way.
+    pub(crate) async fn release(
+        &self,
+        key: &LockKey,
+        token: &Token,
+    ) -> Result<Released, BackendError> {
         match self {
             Backend::Redis(b) => b.release(key, token).await,
-            Backend::Memory(b) => Ok(b.release(key, token)),
+            Backend::Memory(b) => Ok(if b.release(key, token) {
+                Released::Freed
+            } else {
+                Released::NotOwner
+            }),
         }
     }
 

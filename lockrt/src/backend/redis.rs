@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisError, Script};
 
-use super::{Attempt, Renewal, Token, millis};
+use super::{Attempt, Queueing, Released, Renewal, Token, millis};
 use crate::error::BackendError;
 use crate::key::LockKey;
 
@@ -31,6 +31,7 @@ pub(crate) struct RedisBackend {
     client: Client,
     addr: String,
     secret: Option<String>,
+    fence_retention: Duration,
 }
 
 impl RedisBackend {
@@ -39,6 +40,7 @@ impl RedisBackend {
     pub(crate) async fn connect(
         url: &str,
         timeouts: Timeouts,
+        fence_retention: Duration,
     ) -> Result<RedisBackend, BackendError> {
         let safe_url = redact_url(url);
         let client = Client::open(url).map_err(|e| {
@@ -88,6 +90,7 @@ impl RedisBackend {
             client,
             addr,
             secret,
+            fence_retention,
         })
     }
 
@@ -123,15 +126,21 @@ impl RedisBackend {
         key: &LockKey,
         token: &Token,
         ttl: Duration,
-        fence_retention: Duration,
+        queue: Option<Queueing>,
     ) -> Result<Attempt, BackendError> {
+        let (register, grant) =
+            queue.map_or((0, 0), |q| (millis(q.register), millis(q.grant_lease)));
         let mut conn = self.conn.clone();
         let (held, n): (i64, i64) = ACQUIRE
             .key(&key.lock)
             .key(&key.fence)
+            .key(&key.queue)
+            .key(&key.waiters)
             .arg(token.as_str())
             .arg(millis(ttl))
-            .arg(millis(fence_retention.max(ttl * 2)))
+            .arg(millis(self.fence_retention.max(ttl * 2)))
+            .arg(register)
+            .arg(grant)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&e))?;
@@ -140,6 +149,7 @@ impl RedisBackend {
                 fence: u64::try_from(n).unwrap_or(0),
             }
         } else {
+            // -1: a key without expiry (not ours); -3: free but promised to an earlier waiter.
             Attempt::Held {
                 pttl: u64::try_from(n).ok().map(Duration::from_millis),
             }
@@ -165,16 +175,28 @@ impl RedisBackend {
         Ok(out.into_iter().map(|v| v == 1).collect())
     }
 
-    pub(crate) async fn release(&self, key: &LockKey, token: &Token) -> Result<bool, BackendError> {
+    pub(crate) async fn release(
+        &self,
+        key: &LockKey,
+        token: &Token,
+    ) -> Result<Released, BackendError> {
         let mut conn = self.conn.clone();
         let n: i64 = RELEASE
             .key(&key.lock)
+            .key(&key.fence)
+            .key(&key.queue)
+            .key(&key.waiters)
             .arg(token.as_str())
             .arg(&key.channel)
+            .arg(millis(self.fence_retention))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&e))?;
-        Ok(n == 1)
+        Ok(match n {
+            0 => Released::NotOwner,
+            2 => Released::HandedOver,
+            _ => Released::Freed,
+        })
     }
 }
 

@@ -1,28 +1,65 @@
--- Takes the lock KEYS[1] for owner token ARGV[1] (32 hex chars) with a lease of ARGV[2] ms.
--- KEYS[2] is the lock's fencing counter, kept ARGV[3] ms after its last use.
--- The lock's value is "<token>:<fence>", so a retry of an acquire whose reply was lost finds
--- its own token and gets the same fence back instead of a second, different lock.
--- Returns {1, fence} when ARGV[1] holds the lock now, {0, pttl} when another owner does.
+-- Takes lock KEYS[1] for owner token ARGV[1] (32 hex chars) with a lease of ARGV[2] ms.
+-- KEYS[2]: the lock's fencing counter, created with a lifetime of ARGV[3] ms.
+-- KEYS[3], KEYS[4]: the lock's waiter queue (zset token -> arrival) and waiter details
+-- (hash token -> "<registration expiry ms>:<grant lease ms>"), so that a release hands the
+-- lock straight to the longest waiter and waiters of different processes are served in order.
+-- ARGV[4] > 0: on failure, queue ARGV[1] (or refresh its place) for that many ms; the lease
+-- it is granted on release is ARGV[5] ms.
+-- The lock's value is "<token>:<fence>": a retry of an acquire whose reply was lost, or a
+-- waiter that missed its grant message, finds its own token and gets the same fence back.
+-- Returns {1, fence} when ARGV[1] holds the lock now; {0, pttl} when another owner holds it;
+-- {0, -3} when the lock is free but promised to an earlier waiter.
+local token = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function enqueue()
+  local reg = tonumber(ARGV[4])
+  if reg <= 0 then return end
+  if not redis.call('ZSCORE', KEYS[3], token) then
+    redis.call('ZADD', KEYS[3], tonumber(t[1]) * 1000000 + tonumber(t[2]), token)
+  end
+  redis.call('HSET', KEYS[4], token, string.format('%.0f', now + reg) .. ':' .. ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], reg * 2)
+  redis.call('PEXPIRE', KEYS[4], reg * 2)
+end
+
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  if string.sub(cur, 1, 32) == ARGV[1] then
+  if string.sub(cur, 1, 32) == token then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(string.sub(cur, 34))}
   end
+  enqueue()
   return {0, redis.call('PTTL', KEYS[1])}
 end
--- Fence = max(last + 1, server microseconds): strictly increasing while the counter lives,
--- and still increasing after an idle counter expired, as long as the server clock does not
--- step back by more than the retention.
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-if now > last then
-  redis.call('SET', KEYS[2], string.format('%.0f', now - 1))
+
+-- Free. The longest live waiter has precedence; stale registrations are dropped.
+for _ = 1, 64 do
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not head then break end
+  local info = redis.call('HGET', KEYS[4], head)
+  local expiry = info and tonumber(string.match(info, '^(%d+)'))
+  if expiry and expiry > now then
+    if head ~= token then
+      enqueue()
+      return {0, -3}
+    end
+    break
+  end
+  redis.call('ZREM', KEYS[3], head)
+  redis.call('HDEL', KEYS[4], head)
 end
+redis.call('ZREM', KEYS[3], token)
+redis.call('HDEL', KEYS[4], token)
+
+-- A live counter increments; a new one starts at the server time in µs, above any fence an
+-- expired counter can have issued (it grew by at most one per acquisition).
 local fence = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+if fence == 1 then
+  fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+end
 -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. string.format('%.0f', fence), 'PX', ARGV[2])
+redis.call('SET', KEYS[1], token .. ':' .. string.format('%.0f', fence), 'PX', ARGV[2])
 return {1, fence}

@@ -1,10 +1,38 @@
--- Deletes the lock KEYS[1] only if owner token ARGV[1] holds it, then announces the release
--- on channel ARGV[2] so waiters retry at once. Returns 1 if released, 0 if not ours (already
--- expired, released, or taken over): never deletes another owner's lock.
+-- Releases lock KEYS[1] if owner token ARGV[1] holds it, and drops ARGV[1] from the waiter
+-- queue either way (a waiter that gave up). KEYS[2..4], ARGV[3]: as in acquire.lua.
+-- If live waiters are queued, the lock goes straight to the longest one, with the lease it
+-- registered, and "g:<token>:<fence>" is published on channel ARGV[2]; otherwise "r".
+-- Never deletes another owner's lock. Returns 0 if ARGV[1] did not hold the lock, 1 if it
+-- was released, 2 if it was released and handed to a waiter.
+local token = ARGV[1]
+redis.call('ZREM', KEYS[3], token)
+redis.call('HDEL', KEYS[4], token)
 local cur = redis.call('GET', KEYS[1])
-if cur and string.sub(cur, 1, 32) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '1')
-  return 1
+if not cur or string.sub(cur, 1, 32) ~= token then
+  return 0
 end
-return 0
+redis.call('DEL', KEYS[1])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _ = 1, 64 do
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not head then break end
+  local info = redis.call('HGET', KEYS[4], head)
+  redis.call('ZREM', KEYS[3], head)
+  redis.call('HDEL', KEYS[4], head)
+  local expiry, lease = string.match(info or '', '^(%d+):(%d+)$')
+  if expiry and tonumber(expiry) > now then
+    local fence = redis.call('INCR', KEYS[2])
+    if fence == 1 then
+      fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+    end
+    local f = string.format('%.0f', fence)
+    redis.call('SET', KEYS[1], head .. ':' .. f, 'PX', lease)
+    redis.call('PUBLISH', ARGV[2], 'g:' .. head .. ':' .. f)
+    return 2
+  end
+end
+redis.call('PUBLISH', ARGV[2], 'r')
+return 1

@@ -1,0 +1,166 @@
+//! The cross-process waiter queue: a release hands the lock straight to the longest waiter,
+//! lockers take turns under contention, and waiters that leave or die don't block the lock.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use redis::AsyncCommands;
+use support::{Fx, ms, opts};
+use tokio::time::Instant;
+
+async fn queued(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
+    conn.zcard(format!("{{lock:{key}}}:q")).await.unwrap()
+}
+
+async fn until_queued(conn: &mut redis::aio::MultiplexedConnection, key: &str, n: usize) {
+    let start = Instant::now();
+    while queued(conn, key).await != n {
+        assert!(
+            start.elapsed() < ms(3_000),
+            "never saw {n} queued waiter(s)"
+        );
+        tokio::time::sleep(ms(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_hands_the_lock_to_the_queued_waiter_atomically() {
+    let fx = Fx::redis();
+    let (a, b) = (fx.locker().await, fx.locker().await);
+    let mut conn = fx.conn().await;
+    let g = a.acquire("hand", opts()).await.unwrap();
+    let first = g.fence();
+    let w = tokio::spawn(async move {
+        b.acquire("hand", opts().wait(ms(5_000)))
+            .await
+            .map(|g| g.fence())
+    });
+    until_queued(&mut conn, "hand", 1).await;
+    g.release().await.unwrap();
+    // Already the waiter's when the release returns: no gap another client could take.
+    let value: Option<String> = conn.get("lock:hand").await.unwrap();
+    let value = value.expect("the lock was handed over, not freed");
+    let fence = w.await.unwrap().unwrap();
+    assert_eq!(value.split(':').nth(1).unwrap(), fence.to_string());
+    assert!(fence > first);
+    assert_eq!(queued(&mut conn, "hand").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn granted_lease_is_extended_to_the_full_ttl() {
+    let fx = Fx::redis();
+    let (a, b) = (fx.locker().await, fx.locker().await);
+    let mut conn = fx.conn().await;
+    let g = a.acquire("ext", opts()).await.unwrap();
+    let w = tokio::spawn(async move {
+        b.run("ext", opts().ttl(ms(30_000)).wait(ms(5_000)), async {
+            // Past the 2 s grant lease: the watchdog must have extended it.
+            tokio::time::sleep(ms(2_500)).await;
+        })
+        .await
+    });
+    until_queued(&mut conn, "ext", 1).await;
+    g.release().await.unwrap();
+    w.await
+        .unwrap()
+        .expect("held through the body without loss");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_lockers_take_turns_under_contention() {
+    let fx = Fx::redis();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for id in 0..2 {
+        let locker = fx.locker().await;
+        for _ in 0..4 {
+            let (locker, order) = (locker.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..15 {
+                    locker
+                        .run("turns", opts().wait(ms(30_000)), async {
+                            order.lock().unwrap().push(id);
+                            tokio::time::sleep(ms(1)).await;
+                        })
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap();
+    // While both lockers have waiters, every release hands over to the other one.
+    let mut longest = 0;
+    let mut run = 0;
+    for (i, id) in order.iter().enumerate() {
+        run = if i > 0 && order[i - 1] == *id {
+            run + 1
+        } else {
+            1
+        };
+        if i > 4 && i < order.len() - 8 {
+            longest = longest.max(run);
+        }
+    }
+    assert!(
+        longest <= 2,
+        "one locker held the lock {longest} times in a row: {order:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_queue_and_gets_nothing() {
+    let fx = Fx::redis();
+    let (a, b) = (fx.locker().await, fx.locker().await);
+    let mut conn = fx.conn().await;
+    let g = a.acquire("quit", opts()).await.unwrap();
+    let w =
+        tokio::spawn(async move { b.acquire("quit", opts().wait(ms(10_000))).await.map(|_| ()) });
+    until_queued(&mut conn, "quit", 1).await;
+    w.abort();
+    let _ = w.await;
+    g.release().await.unwrap();
+    // Freed (or handed to the departed waiter and released by its cleanup) at once.
+    assert!(fx.gone_within("quit", ms(200)).await.is_some());
+    until_queued(&mut conn, "quit", 0).await;
+    let leftovers: Vec<String> = conn.keys("{lock:quit}:[qw]").await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiter_blocks_the_lock_only_for_its_short_grant_lease() {
+    let fx = Fx::redis();
+    let (a, b) = (fx.locker().await, fx.locker().await);
+    let mut conn = fx.conn().await;
+    let g = a.acquire("dead", opts()).await.unwrap();
+    // A waiter of a process that has crashed: registered, never coming back.
+    let now: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = now.0 * 1000 + now.1 / 1000;
+    let ghost = "deadbeefdeadbeefdeadbeefdeadbeef";
+    let () = conn.zadd("{lock:dead}:q", ghost, 1).await.unwrap();
+    let () = conn
+        .hset("{lock:dead}:w", ghost, format!("{}:500", now_ms + 2_000))
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let value: String = conn.get("lock:dead").await.unwrap();
+    assert!(
+        value.starts_with(ghost),
+        "handed to the queued (dead) waiter"
+    );
+    let start = Instant::now();
+    let g2 = b
+        .acquire("dead", opts().wait(ms(5_000)))
+        .await
+        .expect("acquired after the grant lapsed");
+    assert!(
+        start.elapsed() < ms(1_500),
+        "blocked {:?} by a dead waiter",
+        start.elapsed()
+    );
+    g2.release().await.unwrap();
+}
