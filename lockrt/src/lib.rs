@@ -59,6 +59,8 @@
 //! - Release is owner-checked (it never deletes another owner's lock), completes before `run`
 //!   returns normally, and runs in the background within milliseconds after a panic or a
 //!   cancellation.
+//! - Fair: a release hands the lock straight to the longest waiter across all processes
+//!   (inside the release script), so waiters don't race and holders can't barge back in.
 //! - Reentrant within a task: a nested `run` (or annotated fn) on the same locker and key
 //!   runs directly; tasks spawned inside the body are other owners.
 //! - [`LockGuard::fence`] is strictly increasing per key across holders, also after expiry.
