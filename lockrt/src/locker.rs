@@ -515,14 +515,10 @@ impl Locker {
             Ok(p) => p,
             Err(_) => {
                 let _waiting = Counted::new(&self.inner.waiting);
-                let fut = turn.acquire_owned();
-                let res = match deadline {
-                    Some(d) => tokio::time::timeout_at(d, fut)
-                        .await
-                        .map_err(|_| timeout(start))?,
-                    None => fut.await,
-                };
-                res.expect("turn semaphores are never closed")
+                within(deadline, turn.acquire_owned())
+                    .await
+                    .ok_or_else(|| timeout(start))?
+                    .expect("turn semaphores are never closed")
             }
         };
 
@@ -555,14 +551,8 @@ impl Locker {
             }
             Attempt::Held { .. } => {
                 waiting = Some(Counted::new(&self.inner.waiting));
-                let listen = entry.listen();
-                let l = match deadline {
-                    Some(d) => tokio::time::timeout_at(d, listen)
-                        .await
-                        .map_err(|_| timeout(start))?,
-                    None => listen.await,
-                };
-                Some(l.map_err(LockError::from)?)
+                let listen = within(deadline, entry.listen()).await;
+                Some(listen.ok_or_else(|| timeout(start))??)
             }
         };
         let mut lease = ttl;
@@ -746,6 +736,14 @@ impl Locker {
                 res => return res,
             }
         }
+    }
+}
+
+/// `fut`'s output, or `None` if `deadline` passes first (`None` deadline: no limit).
+async fn within<F: Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, fut).await.ok(),
+        None => Some(fut.await),
     }
 }
 
