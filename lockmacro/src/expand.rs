@@ -224,3 +224,32 @@ fn span_in(lit: &LitStr, range: &std::ops::Range<usize>) -> Span {
     }
     lit.span()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The expansion shown in `lockrt::distributed_lock`'s docs; printed with `--nocapture`.
+    #[test]
+    fn expansion_of_the_documented_example() {
+        let args: Args = syn::parse_quote!(key = "stock:{id}", ttl = "30s");
+        let func: ItemFn = syn::parse_quote! {
+            /// Docs stay.
+            pub async fn deduct(id: u64) -> Result<u32, AppError> { BODY }
+        };
+        let out = expand(args, &func).unwrap();
+        let pretty = prettyplease::unparse(&syn::parse2(out).unwrap());
+        println!("{pretty}");
+        for needle in [
+            "/// Docs stay.",
+            "pub async fn deduct(id: u64) -> Result<u32, AppError> {",
+            "::lockrt::__private::default_locker()",
+            "::std::format!(\"stock:{}\", & (id))",
+            "::core::option::Option::Some(30000u64)",
+            "let __lockrt_body = async move { BODY };",
+            "::lockrt::__private::run(",
+        ] {
+            assert!(pretty.contains(needle), "missing {needle:?} in\n{pretty}");
+        }
+    }
+}

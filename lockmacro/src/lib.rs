@@ -1,8 +1,8 @@
 //! The `#[distributed_lock]` attribute. Use it through the `lockrt` crate, which re-exports it
 //! and documents it in full.
 //!
-//! Split like `tracing-attributes`: [`attr`] parses and checks the arguments, [`template`] the
-//! key template, [`expand`] writes the locked fn. On any mistake the original fn is emitted
+//! Split like `tracing-attributes`: `attr` parses and checks the arguments, `template` the
+//! key template, `expand` writes the locked fn. On any mistake the original fn is emitted
 //! unchanged next to the error, so one typo doesn't bury the user in follow-up errors.
 
 use proc_macro::TokenStream;
@@ -12,8 +12,7 @@ mod attr;
 mod expand;
 mod template;
 
-/// Turns an `async fn` into a critical section guarded by a distributed lock. Documented on
-/// `lockrt::distributed_lock`.
+/// (Implemented by the `lockmacro` crate; use it as `lockrt::distributed_lock`.)
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = proc_macro2::TokenStream::from(item);

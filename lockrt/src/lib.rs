@@ -95,4 +95,154 @@ pub use guard::{HeldLock, LockGuard};
 pub use locker::{Locker, LockerBuilder, LockerStats, current_lock, default_locker, set_default};
 pub use options::{LockOptions, OnLost, Wait};
 
+/// Turns an `async fn` into a critical section guarded by a distributed lock.
+///
+/// ```
+/// use lockrt::{distributed_lock, LockError, Locker};
+///
+/// #[distributed_lock(key = "stock:<id>", ttl = "30s", wait = "5s")]
+/// async fn deduct(id: u64, qty: u32) -> Result<u32, LockError> {
+///     // Only one caller at a time, across every process sharing the Redis, gets here for
+///     // one `id`; the lease is renewed every 10 s while this body runs.
+///     Ok(100 - qty)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// lockrt::set_default(Locker::in_memory()); // in production: Locker::connect("redis://...")
+/// assert_eq!(deduct(7, 1).await?, 99);
+/// # Ok(()) }
+/// ```
+///
+/// # Arguments
+///
+/// | argument | meaning | default |
+/// |---|---|---|
+/// | `key = "..."` | the lock's name, a template (below); required | |
+/// | `ttl = "30s"` | lease length: `"500ms"`, `"30s"`, `"1m30s"`; at least 30 ms | the locker's, 30 s |
+/// | `wait = "5s"` | longest wait for a busy lock; `"0s"` = one attempt, `"forever"` = no limit | the locker's, 10 s |
+/// | `locker = EXPR` | where the lock lives: a `Locker`, `&Locker` or `Arc<Locker>`, evaluated inside the fn | [`set_default`]'s |
+/// | `watchdog = bool` | `true`: renew every ttl/3 while the body runs; `false`: a fixed lease of `ttl` | `true` |
+/// | `on_lost = "..."` | `"cancel"`: drop the body and return [`LockError::Lost`]; `"continue"`: log at WARN and finish | `"cancel"` |
+/// | `crate = path` | where to find `lockrt` when it is re-exported under another name | `::lockrt` |
+///
+/// Durations are checked at compile time: `ttl = "0s"`, `ttl = "30 sec"` or `wait = "soon"` are
+/// compile errors on the literal, as are unknown or repeated arguments.
+///
+/// ## Key templates
+///
+/// `{name}` or `<name>` inserts the [`Display`](std::fmt::Display) of a parameter; field paths
+/// (`{order.id}`, `{pair.0}`, `{self.tenant}`) and bindings inside patterns
+/// (`Path(id): Path<u64>`, `(a, b): (u32, u32)`) work too. `{{`, `}}` and `<<` are literal
+/// `{`, `}` and `<`. A name that is not a parameter is a compile error listing the ones that
+/// are. The rendered key goes through the locker's key hygiene (prefix `lock:`, escaping), so
+/// no value can forge another lock's name.
+///
+/// ```
+/// use lockrt::{distributed_lock, LockError, Locker};
+/// use std::sync::Arc;
+///
+/// struct Order { id: u64, shop: String }
+///
+/// struct Refunds { locker: Arc<Locker>, region: &'static str }
+///
+/// impl Refunds {
+///     // `locker = self.locker`: the lock lives where this service's locker points.
+///     #[distributed_lock(key = "refund:{self.region}:{order.shop}:{order.id}",
+///                        locker = self.locker, ttl = "10s", wait = "0s")]
+///     async fn refund(&self, order: &Order) -> Result<String, LockError> {
+///         Ok(lockrt::current_lock().unwrap().key().to_owned())
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// let svc = Refunds { locker: Arc::new(Locker::in_memory()), region: "eu" };
+/// let order = Order { id: 9, shop: "acme".into() };
+/// assert_eq!(svc.refund(&order).await?, "refund:eu:acme:9");
+/// # Ok(()) }
+/// ```
+///
+/// ## Return type
+///
+/// The fn's output must implement [`FromLockError`], so a lock failure can be returned instead
+/// of running the body: any `Result<T, E>` with `E: From<LockError>` does. Implement it for
+/// your own types, e.g. a web response that maps a busy lock to `409 Conflict`:
+///
+/// ```
+/// use lockrt::{distributed_lock, FromLockError, LockError, Locker};
+///
+/// #[derive(Debug, PartialEq)]
+/// enum Reply { Done(u32), Busy }
+///
+/// impl FromLockError for Reply {
+///     fn from_lock_error(_: LockError) -> Self { Reply::Busy }
+/// }
+///
+/// #[distributed_lock(key = "report", locker = locker, wait = "0s")]
+/// async fn build_report(locker: &Locker) -> Reply {
+///     Reply::Done(1)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// let locker = Locker::in_memory();
+/// let held = locker.acquire("report", Default::default()).await?;
+/// assert_eq!(build_report(&locker).await, Reply::Busy);
+/// held.release().await?;
+/// assert_eq!(build_report(&locker).await, Reply::Done(1));
+/// # Ok(()) }
+/// ```
+///
+/// # Guarantees
+///
+/// - **The body never runs without the lock.** Timeout, an unreachable Redis or a missing
+///   default locker come back as the fn's error value; the body is skipped.
+/// - **Released on every exit path**: return, `?`, early `return`, panic (which keeps
+///   propagating), and cancellation (the future dropped by `tokio::time::timeout`, `select!`,
+///   a closed HTTP connection, `abort()`). After a normal return the release has completed;
+///   after a panic or cancellation it runs in the background within milliseconds.
+/// - **Loss**: when the lease is lost (taken over, deleted, or Redis unreachable until the
+///   local deadline), the body is dropped at its next `.await` and the fn returns `Lost`,
+///   unless `on_lost = "continue"`.
+/// - **Reentrant within a task**: an annotated fn called from inside a critical section of
+///   the same locker and key in the same task runs without acquiring again; the lock is
+///   released when the outermost section ends. Tasks spawned inside are other owners and wait.
+///
+/// # What it expands to
+///
+/// The signature, attributes, docs and visibility stay as written; only the body changes.
+/// `#[distributed_lock(key = "stock:{id}", ttl = "30s")]` on
+/// `async fn deduct(id: u64) -> Result<u32, AppError> { BODY }` expands to (pretty-printed by
+/// the `expansion_of_the_documented_example` test of `lockmacro`):
+///
+/// ```text
+/// async fn deduct(id: u64) -> Result<u32, AppError> {
+///     let __lockrt_locker: ::core::result::Result<
+///         ::lockrt::__private::Locker,
+///         ::lockrt::__private::LockError,
+///     > = ::lockrt::__private::default_locker();
+///     let __lockrt_key: ::std::string::String = ::std::format!("stock:{}", & (id));
+///     let __lockrt_options = ::lockrt::__private::options(
+///         ::core::option::Option::Some(30000u64),
+///         ::core::option::Option::None,
+///         false,
+///         true,
+///         false,
+///     );
+///     let __lockrt_body = async move { BODY };
+///     ::lockrt::__private::run(
+///             __lockrt_locker,
+///             __lockrt_key,
+///             __lockrt_options,
+///             __lockrt_body,
+///         )
+///         .await
+/// }
+/// ```
+///
+/// `run` is [`Locker::run`] plus the conversion of a lock failure through [`FromLockError`]:
+/// the same round trips as calling `Locker::run` by hand, and no allocation beyond the key.
+/// The locker and key are evaluated before the body takes the parameters by move, so they may
+/// borrow them; `return` and `?` in `BODY` leave the async block, not the lock.
+///
+/// `#[async_trait]` methods are refused with a compile error (the attribute would see
+/// `async_trait`'s boxed future): use a native `async fn` in the trait, or `Locker::run`.
 pub use lockmacro::distributed_lock;
