@@ -1,2 +1,89 @@
-//! Placeholder until the quick start lands.
-fn main() {}
+//! The 30-second version from the README: one attribute, and `deduct` runs for one item at a
+//! time across every process that shares the Redis.
+//!
+//! ```sh
+//! cargo run --example quickstart     # REDIS_URL, or a throwaway redis-server when unset
+//! ```
+
+use std::sync::OnceLock;
+
+use lockrt::{LockError, Locker, distributed_lock};
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+
+#[derive(Debug)]
+enum AppError {
+    Lock(LockError),
+    Redis(redis::RedisError),
+    OutOfStock,
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::Lock(e) => write!(f, "{e}"),
+            AppError::Redis(e) => write!(f, "redis: {e}"),
+            AppError::OutOfStock => write!(f, "out of stock"),
+        }
+    }
+}
+
+impl std::error::Error for AppError {}
+
+impl From<LockError> for AppError {
+    fn from(e: LockError) -> Self {
+        AppError::Lock(e)
+    }
+}
+
+impl From<redis::RedisError> for AppError {
+    fn from(e: redis::RedisError) -> Self {
+        AppError::Redis(e)
+    }
+}
+
+static STORE: OnceLock<ConnectionManager> = OnceLock::new();
+
+async fn read_stock(id: u64) -> Result<u32, AppError> {
+    let mut store = STORE.get().expect("connected in main").clone();
+    Ok(store.get(format!("stock:{id}")).await?)
+}
+
+async fn write_stock(id: u64, left: u32) -> Result<(), AppError> {
+    let mut store = STORE.get().expect("connected in main").clone();
+    Ok(store.set(format!("stock:{id}"), left).await?)
+}
+
+#[distributed_lock(key = "stock:<id>", ttl = "30s", wait = "5s")]
+async fn deduct(id: u64, qty: u32) -> Result<u32, AppError> {
+    // Runs only while this process holds lock:stock:<id>; renewed every 10 s while it runs.
+    let stock = read_stock(id).await?;
+    let left = stock.checked_sub(qty).ok_or(AppError::OutOfStock)?;
+    write_stock(id, left).await?;
+    Ok(left)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let redis = lockrt::testing::LocalRedis::from_env_or_start()?;
+    lockrt::set_default(Locker::connect(redis.url()).await?);
+    let _ = STORE.set(
+        redis::Client::open(redis.url())?
+            .get_connection_manager()
+            .await?,
+    );
+    write_stock(1, 10).await?;
+
+    // Twelve buyers at once for ten units: ten succeed, two find it sold out, none oversell.
+    let buyers: Vec<_> = (0..12).map(|_| tokio::spawn(deduct(1, 1))).collect();
+    let (mut sold, mut out) = (0, 0);
+    for b in buyers {
+        match b.await? {
+            Ok(_) => sold += 1,
+            Err(AppError::OutOfStock) => out += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    println!("sold {sold}, sold out {out}, left {}", read_stock(1).await?);
+    Ok(())
+}

@@ -234,3 +234,44 @@ fn free_port() -> io::Result<u16> {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     Ok(l.local_addr()?.port())
 }
+
+/// The Redis a demo or a local run should use: the one at `REDIS_URL` when that is set,
+/// otherwise a throwaway [`RedisServer`] started here and stopped when this is dropped.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let redis = lockrt::testing::LocalRedis::from_env_or_start()?;
+/// let locker = lockrt::Locker::connect(redis.url()).await?;
+/// # drop(locker); Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct LocalRedis {
+    url: String,
+    server: Option<RedisServer>,
+}
+
+impl LocalRedis {
+    /// `REDIS_URL`, or a fresh throwaway server.
+    pub fn from_env_or_start() -> io::Result<LocalRedis> {
+        match std::env::var("REDIS_URL") {
+            Ok(url) if !url.trim().is_empty() => Ok(LocalRedis { url, server: None }),
+            _ => {
+                let server = RedisServer::start()?;
+                Ok(LocalRedis {
+                    url: server.url(),
+                    server: Some(server),
+                })
+            }
+        }
+    }
+
+    /// The URL to connect to (it may carry a password: don't print it).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Whether this is a throwaway server started by [`from_env_or_start`](Self::from_env_or_start).
+    pub fn is_throwaway(&self) -> bool {
+        self.server.is_some()
+    }
+}
