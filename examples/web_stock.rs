@@ -1,0 +1,290 @@
+//! An axum service whose stock deduction is an annotated handler: the lock key comes from the
+//! `Path` extractor, the locker from the app state, and a busy lock becomes a `503` JSON answer
+//! through the error type's `From<LockError>` (which gives the return type `FromLockError`).
+//!
+//! ```sh
+//! cargo run --example web_stock -- --listen 127.0.0.1:3000 --seed 1=5
+//! curl -i -X POST http://127.0.0.1:3000/items/1/deduct    # 200 {"item":1,"left":4}
+//! curl -i http://127.0.0.1:3000/items/1                   # 200 {"item":1,"left":4}
+//! ```
+//!
+//! Run several copies on one Redis (`REDIS_URL=redis://127.0.0.1:6379/`) and they still never
+//! sell a unit twice: the handler's read-check-write is racy on purpose, the lock is what makes
+//! it safe. Without `REDIS_URL` the example starts a throwaway `redis-server` and prints its URL.
+//!
+//! | answer | status | body |
+//! |---|---|---|
+//! | deducted | 200 | `{"item":1,"left":4}` |
+//! | no stock left | 409 | `{"error":"sold_out"}` |
+//! | lock busy for the whole `wait` | 503, `Retry-After: 1` | `{"error":"busy","retry":true}` |
+//! | lock server unreachable | 503, `Retry-After: 1` | `{"error":"lock_unavailable","retry":true}` |
+//! | lock lost mid-way | 500 | `{"error":"lock_lost","retry":false}` |
+//! | stock store failed | 500 | `{"error":"internal","retry":false}` |
+//!
+//! The rule behind the codes: `503` means nothing was done and the same request may simply be
+//! sent again; `500` means the deduction was interrupted and may or may not have happened, so a
+//! client should read the stock before retrying.
+//!
+//! Flags: `--listen ADDR` (default `127.0.0.1:3000`; port 0 picks a free one, the line
+//! `listening on http://...` says which), `--seed ITEM=N` (repeatable: set the stock at
+//! start), `--work-ms N` (simulated work inside the critical section, default 5). Ctrl-C stops
+//! it gracefully.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::http::header::RETRY_AFTER;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use lockrt::testing::LocalRedis;
+use lockrt::{LockError, Locker, distributed_lock};
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+use serde_json::json;
+
+const USAGE: &str = "usage: web_stock [--listen ADDR] [--seed ITEM=N]... [--work-ms N]";
+
+#[derive(Clone)]
+struct AppState {
+    /// Where the locks live; every instance on the same Redis shares them.
+    locker: Locker,
+    /// The stock itself (`stock:<id>`). A `ConnectionManager` reconnects after a Redis restart
+    /// and is cheap to clone per request.
+    store: ConnectionManager,
+    /// Stands for what a real handler does between reading and writing (a payment check, say);
+    /// it widens the race window the lock has to close.
+    work: Duration,
+}
+
+#[derive(Serialize)]
+struct Stock {
+    item: u64,
+    left: u64,
+}
+
+/// Everything a handler can answer besides success.
+#[derive(Debug)]
+enum ApiError {
+    SoldOut,
+    Lock(LockError),
+    Store(redis::RedisError),
+}
+
+// This impl is what lets `#[distributed_lock]` return lock failures: lockrt implements
+// `FromLockError` for every `Result<T, E>` with `E: From<LockError>`, so `ApiResult` qualifies.
+impl From<LockError> for ApiError {
+    fn from(e: LockError) -> Self {
+        ApiError::Lock(e)
+    }
+}
+
+impl From<redis::RedisError> for ApiError {
+    fn from(e: redis::RedisError) -> Self {
+        ApiError::Store(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        // 503 + Retry-After: the request was turned away before the critical section ran, a
+        // transient condition, and retrying it is safe.
+        let retry_later = |code: &str| {
+            let body = Json(json!({ "error": code, "retry": true }));
+            (StatusCode::SERVICE_UNAVAILABLE, [(RETRY_AFTER, "1")], body).into_response()
+        };
+        // 500: the deduction was interrupted and may have happened; no blind retry.
+        let failed = |code: &str| {
+            let body = Json(json!({ "error": code, "retry": false }));
+            (StatusCode::INTERNAL_SERVER_ERROR, body).into_response()
+        };
+        match self {
+            ApiError::SoldOut => {
+                (StatusCode::CONFLICT, Json(json!({ "error": "sold_out" }))).into_response()
+            }
+            ApiError::Lock(LockError::Timeout { .. }) => retry_later("busy"),
+            ApiError::Lock(e @ LockError::Backend(_)) => {
+                // lockrt strips credentials from the address and message; the client gets no
+                // detail about our infrastructure at all, the log gets the whole story.
+                tracing::error!("{e}");
+                retry_later("lock_unavailable")
+            }
+            ApiError::Lock(e @ LockError::Lost { .. }) => {
+                tracing::error!("{e}");
+                failed("lock_lost")
+            }
+            ApiError::Lock(e) => {
+                tracing::error!("{e}");
+                failed("internal")
+            }
+            ApiError::Store(e) => {
+                tracing::error!("stock store: {e}");
+                failed("internal")
+            }
+        }
+    }
+}
+
+type ApiResult = Result<Json<Stock>, ApiError>;
+
+fn stock_key(id: u64) -> String {
+    // The lock for this item is the Redis key `lock:stock:<id>` (the locker's prefix), so the
+    // two never collide.
+    format!("stock:{id}")
+}
+
+async fn read_stock(store: &mut ConnectionManager, id: u64) -> Result<u64, ApiError> {
+    // An item never seeded has no stock.
+    Ok(store
+        .get::<_, Option<u64>>(stock_key(id))
+        .await?
+        .unwrap_or(0))
+}
+
+/// `POST /items/{id}/deduct`: one unit, at most one request per item at a time across all
+/// instances. `wait = "2s"`: a fixed policy visible where it applies; a request that cannot get
+/// the lock in 2 s answers 503 rather than hold a connection open. (For a configurable wait,
+/// omit `wait` here and set `Locker::builder().default_wait(..)`.)
+#[distributed_lock(key = "stock:{id}", locker = state.locker, ttl = "10s", wait = "2s")]
+async fn deduct(State(state): State<AppState>, Path(id): Path<u64>) -> ApiResult {
+    // Read, check, write: not atomic on purpose. Only the lock keeps two requests from both
+    // reading the same figure and selling one unit twice.
+    let mut store = state.store.clone();
+    let left = read_stock(&mut store, id).await?;
+    if left == 0 {
+        return Err(ApiError::SoldOut);
+    }
+    tokio::time::sleep(state.work).await;
+    let () = store.set(stock_key(id), left - 1).await?;
+    Ok(Json(Stock {
+        item: id,
+        left: left - 1,
+    }))
+}
+
+/// `GET /items/{id}`: a plain read, no lock needed.
+async fn show(State(state): State<AppState>, Path(id): Path<u64>) -> ApiResult {
+    let left = read_stock(&mut state.store.clone(), id).await?;
+    Ok(Json(Stock { item: id, left }))
+}
+
+fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/items/{id}", get(show))
+        .route("/items/{id}/deduct", post(deduct))
+        .with_state(state)
+}
+
+struct Config {
+    listen: SocketAddr,
+    seeds: Vec<(u64, u64)>,
+    work: Duration,
+}
+
+fn parse_args() -> Result<Config, String> {
+    let mut cfg = Config {
+        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
+        seeds: Vec::new(),
+        work: Duration::from_millis(5),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or(format!("{flag} needs a value\n{USAGE}"));
+        let bad = |v: &str| format!("bad value {v:?} for {flag}\n{USAGE}");
+        match flag.as_str() {
+            "--listen" => {
+                let v = value()?;
+                cfg.listen = v.parse().map_err(|_| bad(&v))?;
+            }
+            "--seed" => {
+                let v = value()?;
+                let seed = v
+                    .split_once('=')
+                    .and_then(|(item, n)| Some((item.parse().ok()?, n.parse().ok()?)));
+                cfg.seeds.push(seed.ok_or_else(|| bad(&v))?);
+            }
+            "--work-ms" => {
+                let v = value()?;
+                cfg.work = Duration::from_millis(v.parse().map_err(|_| bad(&v))?);
+            }
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(cfg)
+}
+
+async fn serve(cfg: Config) -> Result<(), String> {
+    // Kept alive until `serve` returns: a throwaway server is killed when this is dropped.
+    let redis = LocalRedis::from_env_or_start().map_err(|e| e.to_string())?;
+    if redis.is_throwaway() {
+        // Only the throwaway server's URL is printed: a REDIS_URL may carry a password.
+        println!("started a throwaway redis-server at {}", redis.url());
+    }
+    let locker = Locker::builder()
+        .url(redis.url())
+        .build()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut store = redis::Client::open(redis.url())
+        .map_err(|e| format!("bad REDIS_URL: {e}"))?
+        .get_connection_manager()
+        .await
+        .map_err(|e| format!("could not reach Redis: {e}"))?;
+    for &(item, n) in &cfg.seeds {
+        let () = store
+            .set(stock_key(item), n)
+            .await
+            .map_err(|e| format!("could not seed item {item}: {e}"))?;
+    }
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| format!("could not listen on {}: {e}", cfg.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    // A script (or a test) waits for this line to learn the port.
+    println!("listening on http://{addr}");
+    std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
+
+    let state = AppState {
+        locker,
+        store,
+        work: cfg.work,
+    };
+    // A client that hangs up mid-request makes hyper drop the handler's future; the lock is
+    // then released in the background within milliseconds, not when the 10 s lease runs out.
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cfg = match parse_args() {
+        Ok(cfg) => cfg,
+        Err(msg) => {
+            eprintln!("{msg}");
+            return ExitCode::from(2);
+        }
+    };
+    match serve(cfg).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("web_stock: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

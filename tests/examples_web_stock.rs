@@ -1,0 +1,315 @@
+//! `examples/web_stock.rs` as a real service: two instances of the binary on one Redis sell
+//! exactly their stock under concurrent HTTP requests, a busy lock answers the documented 503,
+//! and a client hanging up mid-request releases the lock at once (hyper drops the handler's
+//! future when the connection closes). The HTTP client is raw HTTP/1.1 over a `TcpStream`.
+
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockrt::testing::RedisServer;
+use lockrt::{LockOptions, Locker};
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::process::{Child, ChildStdout, Command};
+
+/// Bounds every wait for the service: a debug build on a loaded machine is slow to start.
+const LIMIT: Duration = Duration::from_secs(30);
+/// The handler's `wait = "2s"`.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+fn example_binary() -> PathBuf {
+    // The test binary is target/<profile>/deps/<name>-<hash>; examples sit next to deps.
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps")
+        .join("examples/web_stock");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --examples` (cargo test builds them)",
+        path.display()
+    );
+    path
+}
+
+/// One running copy of the example. Killed (by its own handle) when dropped.
+struct Instance {
+    addr: SocketAddr,
+    _child: Child,
+    // Held open: the service must not get EPIPE if it prints again.
+    _stdout: ChildStdout,
+}
+
+impl Instance {
+    async fn start(redis: &RedisServer, args: &[&str]) -> Instance {
+        let mut child = Command::new(example_binary())
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("REDIS_URL", redis.url())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start web_stock");
+        let mut stdout = child.stdout.take().expect("piped stdout");
+        let mut seen = Vec::new();
+        let addr = tokio::time::timeout(LIMIT, async {
+            loop {
+                // Only complete lines: the port may arrive in two reads.
+                let text = String::from_utf8_lossy(&seen).into_owned();
+                let complete = text.rsplit_once('\n').map_or("", |(done, _)| done);
+                if let Some(addr) = complete
+                    .lines()
+                    .find_map(|l| l.strip_prefix("listening on http://"))
+                {
+                    return addr.parse::<SocketAddr>().expect("an address");
+                }
+                let mut buf = [0u8; 256];
+                let n = read_some(&mut stdout, &mut buf).await.expect("read stdout");
+                assert!(n > 0, "web_stock exited before listening: {text:?}");
+                seen.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("web_stock did not print `listening on` within {LIMIT:?}"));
+        Instance {
+            addr,
+            _child: child,
+            _stdout: stdout,
+        }
+    }
+}
+
+/// Reads what is there (0 at end of stream), without tokio's `io-util` helpers.
+async fn read_some(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut buf = ReadBuf::new(buf);
+    poll_fn(|cx| Pin::new(&mut *r).poll_read(cx, &mut buf)).await?;
+    Ok(buf.filled().len())
+}
+
+async fn write_all(w: &mut (impl AsyncWrite + Unpin), mut data: &[u8]) -> std::io::Result<()> {
+    while !data.is_empty() {
+        let n = poll_fn(|cx| Pin::new(&mut *w).poll_write(cx, data)).await?;
+        data = &data[n..];
+    }
+    Ok(())
+}
+
+/// An HTTP answer: status, headers (names lowercased), body as JSON.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Value,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn request_bytes(method: &str, path: &str) -> Vec<u8> {
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+/// One request on a fresh connection; `Connection: close`, so the answer ends at EOF.
+async fn http(addr: SocketAddr, method: &str, path: &str) -> Reply {
+    let exchange = async {
+        let mut conn = TcpStream::connect(addr).await?;
+        write_all(&mut conn, &request_bytes(method, path)).await?;
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = read_some(&mut conn, &mut buf).await?;
+            if n == 0 {
+                return std::io::Result::Ok(raw);
+            }
+            raw.extend_from_slice(&buf[..n]);
+        }
+    };
+    let raw = tokio::time::timeout(LIMIT, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer within {LIMIT:?}"))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let text = String::from_utf8(raw).expect("UTF-8 answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a complete answer");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line in {head:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let body = serde_json::from_str(body).unwrap_or_else(|_| panic!("body not JSON: {body:?}"));
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// The documented busy answer, exactly.
+fn assert_busy(r: &Reply) {
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    assert_eq!(r.body, json!({"error": "busy", "retry": true}));
+}
+
+/// Remaining lease of the lock (`None` when nobody holds it).
+async fn lock_pttl(conn: &mut redis::aio::MultiplexedConnection, item: u64) -> Option<u64> {
+    let ms: i64 = conn.pttl(format!("lock:stock:{item}")).await.expect("PTTL");
+    u64::try_from(ms).ok().filter(|&ms| ms > 0)
+}
+
+async fn redis_conn(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_sell_exactly_the_stock() {
+    const STOCK: u64 = 50;
+    const REQUESTS: usize = 200;
+    const CONCURRENCY: usize = 32;
+
+    let redis = RedisServer::start().expect("start redis-server");
+    // The first seeds; the second starts after, so it cannot reset a sale in progress.
+    let a = Instance::start(&redis, &["--seed", &format!("1={STOCK}")]).await;
+    let b = Instance::start(&redis, &[]).await;
+
+    let started = Instant::now();
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..REQUESTS {
+        let addr = if i % 2 == 0 { a.addr } else { b.addr };
+        let slots = Arc::clone(&slots);
+        tasks.spawn(async move {
+            let _slot = slots.acquire_owned().await.expect("semaphore open");
+            http(addr, "POST", "/items/1/deduct").await
+        });
+    }
+    let (mut left_seen, mut sold_out, mut busy) = (Vec::new(), 0, 0);
+    while let Some(reply) = tasks.join_next().await {
+        let r = reply.expect("request task");
+        match r.status {
+            200 => {
+                assert_eq!(r.body["item"], 1, "{r:?}");
+                left_seen.push(r.body["left"].as_u64().expect("left is a number"));
+            }
+            409 => {
+                assert_eq!(r.body, json!({"error": "sold_out"}));
+                sold_out += 1;
+            }
+            _ => {
+                assert_busy(&r);
+                busy += 1;
+            }
+        }
+    }
+    let ok = left_seen.len() as u64;
+    eprintln!(
+        "{REQUESTS} requests over 2 instances, {CONCURRENCY} at a time: {ok} x 200, \
+         {sold_out} x 409, {busy} x 503 in {:?}",
+        started.elapsed()
+    );
+
+    let stock = http(a.addr, "GET", "/items/1").await;
+    assert_eq!(stock.status, 200);
+    assert_eq!(stock.body, http(b.addr, "GET", "/items/1").await.body);
+    let left = stock.body["left"].as_u64().expect("left is a number");
+    // No oversell: every 200 took exactly one unit that existed.
+    assert_eq!(ok + left, STOCK, "sold {ok}, {left} left of {STOCK}");
+    // Each sale saw a different figure: no two requests read the same stock.
+    left_seen.sort_unstable();
+    assert_eq!(left_seen, (left..STOCK).collect::<Vec<_>>());
+    if busy == 0 {
+        assert_eq!(ok, STOCK, "200 requests for 50 units sell them all");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_lock_answers_503_after_the_wait() {
+    let redis = RedisServer::start().expect("start redis-server");
+    let svc = Instance::start(&redis, &["--seed", "7=3"]).await;
+    let locker = Locker::builder()
+        .url(redis.url())
+        .build()
+        .await
+        .expect("locker");
+
+    // Another owner (this test) holds the item's lock for longer than the handler waits.
+    let held = locker
+        .acquire("stock:7", LockOptions::new().ttl(Duration::from_secs(10)))
+        .await
+        .expect("take the lock");
+    let started = Instant::now();
+    let r = http(svc.addr, "POST", "/items/7/deduct").await;
+    let waited = started.elapsed();
+    eprintln!("busy answer after {waited:?}: {r:?}");
+    assert_busy(&r);
+    assert!(waited >= LOCK_WAIT, "answered busy after only {waited:?}");
+    // The body never ran: nothing was deducted.
+    assert_eq!(http(svc.addr, "GET", "/items/7").await.body["left"], 3);
+
+    held.release().await.expect("release");
+    let r = http(svc.addr, "POST", "/items/7/deduct").await;
+    assert_eq!((r.status, r.body), (200, json!({"item": 7, "left": 2})));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_hanging_up_releases_the_lock() {
+    const ITEM: u64 = 9;
+    let redis = RedisServer::start().expect("start redis-server");
+    // The critical section outlasts the test: only cancellation can end it early.
+    let svc = Instance::start(&redis, &["--seed", "9=1", "--work-ms", "60000"]).await;
+    let mut conn = redis_conn(&redis).await;
+
+    let mut client = TcpStream::connect(svc.addr).await.expect("connect");
+    let path = format!("/items/{ITEM}/deduct");
+    write_all(&mut client, &request_bytes("POST", &path))
+        .await
+        .expect("send");
+    // Bounded poll: the handler has taken the lock when its key shows up.
+    let started = Instant::now();
+    while lock_pttl(&mut conn, ITEM).await.is_none() {
+        assert!(started.elapsed() < LIMIT, "the handler never took the lock");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+
+    // hyper notices the EOF on a connection whose request is in flight and drops the
+    // connection, handler future included; that drop releases the lock in the background.
+    drop(client);
+    let hung_up = Instant::now();
+    while lock_pttl(&mut conn, ITEM).await.is_some() {
+        assert!(
+            hung_up.elapsed() < Duration::from_millis(500),
+            "lock still held {:?} after the client left (lease 10 s)",
+            hung_up.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    eprintln!("lock gone {:?} after the client hung up", hung_up.elapsed());
+    // Cancelled before its write: the unit is still there.
+    let left: u64 = conn.get(format!("stock:{ITEM}")).await.expect("GET");
+    assert_eq!(left, 1);
+}
