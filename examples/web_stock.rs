@@ -30,6 +30,8 @@
 //! start), `--work-ms N` (simulated work inside the critical section, default 5). Ctrl-C stops
 //! it gracefully.
 
+use std::error::Error;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -46,6 +48,8 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 use serde_json::json;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::LevelFilter;
 
 const USAGE: &str = "usage: web_stock [--listen ADDR] [--seed ITEM=N]... [--work-ms N]";
 
@@ -218,37 +222,25 @@ fn parse_args() -> Result<Config, String> {
     Ok(cfg)
 }
 
-async fn serve(cfg: Config) -> Result<(), String> {
+async fn serve(cfg: Config) -> Result<(), Box<dyn Error>> {
     // Kept alive until `serve` returns: a throwaway server is killed when this is dropped.
-    let redis = LocalRedis::from_env_or_start().map_err(|e| e.to_string())?;
+    let redis = LocalRedis::from_env_or_start()?;
     if redis.is_throwaway() {
         // Only the throwaway server's URL is printed: a REDIS_URL may carry a password.
         println!("started a throwaway redis-server at {}", redis.url());
     }
-    let locker = Locker::builder()
-        .url(redis.url())
-        .build()
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut store = redis::Client::open(redis.url())
-        .map_err(|e| format!("bad REDIS_URL: {e}"))?
+    let locker = Locker::builder().url(redis.url()).build().await?;
+    let mut store = redis::Client::open(redis.url())?
         .get_connection_manager()
-        .await
-        .map_err(|e| format!("could not reach Redis: {e}"))?;
+        .await?;
     for &(item, n) in &cfg.seeds {
-        let () = store
-            .set(stock_key(item), n)
-            .await
-            .map_err(|e| format!("could not seed item {item}: {e}"))?;
+        let () = store.set(stock_key(item), n).await?;
     }
 
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| format!("could not listen on {}: {e}", cfg.listen))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     // A script (or a test) waits for this line to learn the port.
-    println!("listening on http://{addr}");
-    std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
+    println!("listening on http://{}", listener.local_addr()?);
+    std::io::stdout().flush()?;
 
     let state = AppState {
         locker,
@@ -261,30 +253,30 @@ async fn serve(cfg: Config) -> Result<(), String> {
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
-        .await
-        .map_err(|e| e.to_string())
+        .await?;
+    Ok(())
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let filter = EnvFilter::builder()
+        .with_default_directive(LevelFilter::WARN.into())
+        .from_env_lossy();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     let cfg = match parse_args() {
         Ok(cfg) => cfg,
-        Err(msg) => {
-            eprintln!("{msg}");
+        Err(usage) => {
+            eprintln!("{usage}");
             return ExitCode::from(2);
         }
     };
-    match serve(cfg).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("web_stock: {e}");
-            ExitCode::FAILURE
-        }
+    // Display, not Debug: the messages (lockrt's in particular) say what to do.
+    if let Err(e) = serve(cfg).await {
+        eprintln!("web_stock: {e}");
+        return ExitCode::FAILURE;
     }
+    ExitCode::SUCCESS
 }

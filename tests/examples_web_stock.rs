@@ -43,18 +43,23 @@ fn example_binary() -> PathBuf {
 /// One running copy of the example. Killed (by its own handle) when dropped.
 struct Instance {
     addr: SocketAddr,
-    _child: Child,
+    child: Child,
     // Held open: the service must not get EPIPE if it prints again.
     _stdout: ChildStdout,
 }
 
 impl Instance {
     async fn start(redis: &RedisServer, args: &[&str]) -> Instance {
+        Instance::start_with(&redis.url(), Stdio::inherit(), args).await
+    }
+
+    async fn start_with(redis_url: &str, stderr: Stdio, args: &[&str]) -> Instance {
         let mut child = Command::new(example_binary())
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
-            .env("REDIS_URL", redis.url())
+            .env("REDIS_URL", redis_url)
             .stdout(Stdio::piped())
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
             .expect("start web_stock");
@@ -81,9 +86,16 @@ impl Instance {
         .unwrap_or_else(|_| panic!("web_stock did not print `listening on` within {LIMIT:?}"));
         Instance {
             addr,
-            _child: child,
+            child,
             _stdout: stdout,
         }
+    }
+
+    /// Kills the instance and returns what it wrote to stderr (started with `Stdio::piped()`).
+    async fn stop_and_read_stderr(mut self) -> String {
+        let mut stderr = self.child.stderr.take().expect("piped stderr");
+        self.child.kill().await.expect("kill web_stock");
+        String::from_utf8_lossy(&read_to_end(&mut stderr).await).into_owned()
     }
 }
 
@@ -92,6 +104,24 @@ async fn read_some(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> std::io:
     let mut buf = ReadBuf::new(buf);
     poll_fn(|cx| Pin::new(&mut *r).poll_read(cx, &mut buf)).await?;
     Ok(buf.filled().len())
+}
+
+/// Everything up to EOF, bounded by [`LIMIT`].
+async fn read_to_end(r: &mut (impl AsyncRead + Unpin)) -> Vec<u8> {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        loop {
+            match read_some(r, &mut buf).await.expect("read") {
+                0 => break,
+                n => all.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(LIMIT, read)
+        .await
+        .unwrap_or_else(|_| panic!("no EOF within {LIMIT:?}"));
+    all
 }
 
 async fn write_all(w: &mut (impl AsyncWrite + Unpin), mut data: &[u8]) -> std::io::Result<()> {
@@ -128,23 +158,14 @@ fn request_bytes(method: &str, path: &str) -> Vec<u8> {
 
 /// One request on a fresh connection; `Connection: close`, so the answer ends at EOF.
 async fn http(addr: SocketAddr, method: &str, path: &str) -> Reply {
-    let exchange = async {
-        let mut conn = TcpStream::connect(addr).await?;
-        write_all(&mut conn, &request_bytes(method, path)).await?;
-        let mut raw = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = read_some(&mut conn, &mut buf).await?;
-            if n == 0 {
-                return std::io::Result::Ok(raw);
-            }
-            raw.extend_from_slice(&buf[..n]);
-        }
-    };
-    let raw = tokio::time::timeout(LIMIT, exchange)
+    let mut conn = tokio::time::timeout(LIMIT, TcpStream::connect(addr))
         .await
-        .unwrap_or_else(|_| panic!("{method} {path}: no answer within {LIMIT:?}"))
+        .unwrap_or_else(|_| panic!("{method} {path}: no connection within {LIMIT:?}"))
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    write_all(&mut conn, &request_bytes(method, path))
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let raw = read_to_end(&mut conn).await;
     let text = String::from_utf8(raw).expect("UTF-8 answer");
     let (head, body) = text.split_once("\r\n\r\n").expect("a complete answer");
     let mut lines = head.lines();
@@ -312,4 +333,34 @@ async fn client_hanging_up_releases_the_lock() {
     // Cancelled before its write: the unit is still there.
     let left: u64 = conn.get(format!("stock:{ITEM}")).await.expect("GET");
     assert_eq!(left, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_answers_503_and_leaks_no_password() {
+    const PASSWORD: &str = "s3cret-Pa55word";
+    let mut redis = RedisServer::start_with(&["--requirepass", PASSWORD]).expect("start redis");
+    let url = format!("redis://:{PASSWORD}@127.0.0.1:{}/", redis.port());
+    let svc = Instance::start_with(&url, Stdio::piped(), &["--seed", "3=5"]).await;
+    let r = http(svc.addr, "POST", "/items/3/deduct").await;
+    assert_eq!((r.status, r.body), (200, json!({"item": 3, "left": 4})));
+
+    redis.kill();
+    let started = Instant::now();
+    let r = http(svc.addr, "POST", "/items/3/deduct").await;
+    eprintln!("with Redis down, after {:?}: {r:?}", started.elapsed());
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    assert_eq!(r.body, json!({"error": "lock_unavailable", "retry": true}));
+
+    // The service logged the failure, naming the server but not the password.
+    let log = svc.stop_and_read_stderr().await;
+    eprintln!("service log: {log}");
+    assert!(
+        log.contains(&format!("127.0.0.1:{}", redis.port())),
+        "{log}"
+    );
+    assert!(
+        !log.contains(PASSWORD),
+        "the password leaked into the log: {log}"
+    );
 }
