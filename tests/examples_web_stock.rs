@@ -317,8 +317,10 @@ async fn client_hanging_up_releases_the_lock() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 
-    // hyper notices the EOF on a connection whose request is in flight and drops the
-    // connection, handler future included; that drop releases the lock in the background.
+    // No axum or hyper setting is needed for this: while a handler runs, hyper's HTTP/1 server
+    // keeps reading the socket, and an EOF before the response (half-close is off by default)
+    // ends the connection task, dropping the handler's future with it. lockrt's drop path then
+    // releases the lock in the background.
     drop(client);
     let hung_up = Instant::now();
     while lock_pttl(&mut conn, ITEM).await.is_some() {
