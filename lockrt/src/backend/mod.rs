@@ -75,6 +75,9 @@ pub(crate) struct Renewal {
     pub(crate) ttl: Duration,
 }
 
+// One per `Locker`, behind an `Arc`: the size difference costs nothing, a `Box` would cost an
+// indirection on every command. (TLS support makes the Redis variant larger.)
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
     Redis(redis::RedisBackend),
     Memory(memory::MemoryBackend),
