@@ -2,8 +2,9 @@
 //! (and oversells without the lock), the cache rebuild loads once, the quick start sells what
 //! it has. They run as the real binaries `cargo test` builds in `target/<profile>/examples`.
 
+mod support;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use lockrt::testing::RedisServer;
@@ -12,26 +13,9 @@ use redis::AsyncCommands;
 /// Generous: the demo takes about a second, a debug build on a loaded machine longer.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 
-fn example(name: &str) -> PathBuf {
-    // The test binary is target/<profile>/deps/<name>-<hash>; examples sit next to deps.
-    let exe = std::env::current_exe().expect("test binary path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
-        .join("examples")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --examples` (cargo test builds them)",
-        path.display()
-    );
-    path
-}
-
 /// Runs an example to completion; its exit status and stdout.
 async fn run(name: &str, args: &[&str], redis_url: Option<&str>) -> (bool, String) {
-    let mut cmd = tokio::process::Command::new(example(name));
+    let mut cmd = tokio::process::Command::new(support::example_binary(name));
     cmd.args(args).kill_on_drop(true);
     match redis_url {
         Some(url) => cmd.env("REDIS_URL", url),

@@ -3,10 +3,9 @@
 //! and a client hanging up mid-request releases the lock at once (hyper drops the handler's
 //! future when the connection closes). The HTTP client is raw HTTP/1.1 over a `TcpStream`.
 
-use std::future::poll_fn;
+mod support;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +14,7 @@ use lockrt::testing::RedisServer;
 use lockrt::{LockOptions, Locker};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -24,28 +23,12 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// The handler's `wait = "2s"`.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
 
-fn example_binary() -> PathBuf {
-    // The test binary is target/<profile>/deps/<name>-<hash>; examples sit next to deps.
-    let exe = std::env::current_exe().expect("test binary path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
-        .join("examples/web_stock");
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --examples` (cargo test builds them)",
-        path.display()
-    );
-    path
-}
-
 /// One running copy of the example. Killed (by its own handle) when dropped.
 struct Instance {
     addr: SocketAddr,
     child: Child,
     // Held open: the service must not get EPIPE if it prints again.
-    _stdout: ChildStdout,
+    _stdout: Lines<BufReader<ChildStdout>>,
 }
 
 impl Instance {
@@ -54,7 +37,7 @@ impl Instance {
     }
 
     async fn start_with(redis_url: &str, stderr: Stdio, args: &[&str]) -> Instance {
-        let mut child = Command::new(example_binary())
+        let mut child = Command::new(support::example_binary("web_stock"))
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("REDIS_URL", redis_url)
@@ -63,23 +46,15 @@ impl Instance {
             .kill_on_drop(true)
             .spawn()
             .expect("start web_stock");
-        let mut stdout = child.stdout.take().expect("piped stdout");
-        let mut seen = Vec::new();
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
         let addr = tokio::time::timeout(LIMIT, async {
             loop {
-                // Only complete lines: the port may arrive in two reads.
-                let text = String::from_utf8_lossy(&seen).into_owned();
-                let complete = text.rsplit_once('\n').map_or("", |(done, _)| done);
-                if let Some(addr) = complete
-                    .lines()
-                    .find_map(|l| l.strip_prefix("listening on http://"))
-                {
+                let Some(line) = stdout.next_line().await.expect("read stdout") else {
+                    panic!("web_stock exited before listening");
+                };
+                if let Some(addr) = line.strip_prefix("listening on http://") {
                     return addr.parse::<SocketAddr>().expect("an address");
                 }
-                let mut buf = [0u8; 256];
-                let n = read_some(&mut stdout, &mut buf).await.expect("read stdout");
-                assert!(n > 0, "web_stock exited before listening: {text:?}");
-                seen.extend_from_slice(&buf[..n]);
             }
         })
         .await
@@ -99,37 +74,14 @@ impl Instance {
     }
 }
 
-/// Reads what is there (0 at end of stream), without tokio's `io-util` helpers.
-async fn read_some(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut buf = ReadBuf::new(buf);
-    poll_fn(|cx| Pin::new(&mut *r).poll_read(cx, &mut buf)).await?;
-    Ok(buf.filled().len())
-}
-
 /// Everything up to EOF, bounded by [`LIMIT`].
 async fn read_to_end(r: &mut (impl AsyncRead + Unpin)) -> Vec<u8> {
     let mut all = Vec::new();
-    let mut buf = [0u8; 4096];
-    let read = async {
-        loop {
-            match read_some(r, &mut buf).await.expect("read") {
-                0 => break,
-                n => all.extend_from_slice(&buf[..n]),
-            }
-        }
-    };
-    tokio::time::timeout(LIMIT, read)
+    tokio::time::timeout(LIMIT, r.read_to_end(&mut all))
         .await
-        .unwrap_or_else(|_| panic!("no EOF within {LIMIT:?}"));
+        .unwrap_or_else(|_| panic!("no EOF within {LIMIT:?}"))
+        .expect("read");
     all
-}
-
-async fn write_all(w: &mut (impl AsyncWrite + Unpin), mut data: &[u8]) -> std::io::Result<()> {
-    while !data.is_empty() {
-        let n = poll_fn(|cx| Pin::new(&mut *w).poll_write(cx, data)).await?;
-        data = &data[n..];
-    }
-    Ok(())
 }
 
 /// An HTTP answer: status, headers (names lowercased), body as JSON.
@@ -162,7 +114,7 @@ async fn http(addr: SocketAddr, method: &str, path: &str) -> Reply {
         .await
         .unwrap_or_else(|_| panic!("{method} {path}: no connection within {LIMIT:?}"))
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    write_all(&mut conn, &request_bytes(method, path))
+    conn.write_all(&request_bytes(method, path))
         .await
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
     let raw = read_to_end(&mut conn).await;
@@ -307,7 +259,8 @@ async fn client_hanging_up_releases_the_lock() {
 
     let mut client = TcpStream::connect(svc.addr).await.expect("connect");
     let path = format!("/items/{ITEM}/deduct");
-    write_all(&mut client, &request_bytes("POST", &path))
+    client
+        .write_all(&request_bytes("POST", &path))
         .await
         .expect("send");
     // Bounded poll: the handler has taken the lock when its key shows up.

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockrt::testing::RedisServer;
@@ -126,4 +127,22 @@ pub async fn eventually(mut cond: impl FnMut() -> bool, what: &str) {
         assert!(start.elapsed() < Duration::from_secs(2), "{what}");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// Path of an example binary. `cargo test` builds the examples next to the test binaries:
+/// this one is target/<profile>/deps/<name>-<hash>, they are target/<profile>/examples/<name>.
+pub fn example_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps")
+        .join("examples")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --examples` (cargo test builds them)",
+        path.display()
+    );
+    path
 }
