@@ -660,7 +660,8 @@ impl Locker {
                             // background and bounded; otherwise the lease ends it.
                             self.spawn_cleanup(key.clone(), token.clone(), ttl);
                         }
-                        tracing::warn!(key = %key.user, error = %e, "acquire failed");
+                        // Returned to the caller, who decides how loud it is.
+                        tracing::debug!(key = %key.user, error = %e, "acquire failed");
                         return Err(e.into());
                     }
                     tokio::time::sleep(backoff).await;
