@@ -385,32 +385,39 @@ async fn rslock_lock(m: &rslock::LockManager, key: &str, ttl: Duration) -> Res<r
     }
 }
 
-/// Latency of each of `n` sequential operations and the throughput of the loop.
+/// Latencies of sequential operations and the time they took in all, gathered over chunks.
+#[derive(Default)]
 struct Seq {
-    p50_us: f64,
-    p99_us: f64,
-    per_sec: f64,
+    lat: Vec<Duration>,
+    total: Duration,
 }
 
-async fn sequential<F, Fut>(n: usize, mut op: F) -> Res<Seq>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Res<()>>,
-{
-    let mut lat = Vec::with_capacity(n);
-    let start = Instant::now();
-    for _ in 0..n {
-        let t = Instant::now();
-        op().await?;
-        lat.push(t.elapsed());
+impl Seq {
+    /// Runs `n` more operations one after another, timing each.
+    async fn run<F, Fut>(&mut self, n: usize, mut op: F) -> Res<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Res<()>>,
+    {
+        let start = Instant::now();
+        for _ in 0..n {
+            let t = Instant::now();
+            op().await?;
+            self.lat.push(t.elapsed());
+        }
+        self.total += start.elapsed();
+        Ok(())
     }
-    let total = start.elapsed();
-    lat.sort();
-    Ok(Seq {
-        p50_us: us(pct(&lat, 0.50)),
-        p99_us: us(pct(&lat, 0.99)),
-        per_sec: n as f64 / total.as_secs_f64(),
-    })
+
+    /// (p50 µs, p99 µs, operations per second).
+    fn summary(mut self) -> (f64, f64, f64) {
+        self.lat.sort();
+        (
+            us(pct(&self.lat, 0.50)),
+            us(pct(&self.lat, 0.99)),
+            self.lat.len() as f64 / self.total.as_secs_f64(),
+        )
+    }
 }
 
 async fn counter_set(conn: &mut ConnectionManager, v: i64) -> Res<()> {
@@ -431,10 +438,71 @@ fn lost_updates(expected: usize, got: i64) -> f64 {
 }
 
 // ------------------------------------------------------------------------------------------
+// 0. Baseline round trip
+// ------------------------------------------------------------------------------------------
+
+const BASELINE: &str = "0 baseline";
+
+/// `PING` round trips: back to back, and after 50 ms of idleness (what a hand-off starts
+/// from: an idle client, server and waiter).
+async fn baseline(env: &Env, cfg: &Config, figs: &mut Figures) -> Res<()> {
+    let mut conn = env.manager().await?;
+    for round in 0..=cfg.rounds {
+        let mut hot = Vec::with_capacity(1000);
+        for _ in 0..1000 {
+            let t = Instant::now();
+            let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+            hot.push(t.elapsed());
+        }
+        let mut idle = Vec::with_capacity(10);
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let t = Instant::now();
+            let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+            idle.push(t.elapsed());
+        }
+        if round > 0 {
+            hot.sort();
+            idle.sort();
+            figs.add(BASELINE, "PING", "hot p50", us(pct(&hot, 0.5)));
+            figs.add(BASELINE, "PING", "idle p50", us(pct(&idle, 0.5)));
+        }
+    }
+    Ok(())
+}
+
+fn report_baseline(figs: &Figures, t: &mut Table) {
+    let hot = figs.get(BASELINE, "PING", "hot p50");
+    t.row(
+        BASELINE,
+        "plain redis",
+        "PING RTT p50, back to back",
+        hot,
+        Unit::Us,
+        None,
+        "",
+        None,
+    );
+    let idle = figs.get(BASELINE, "PING", "idle p50");
+    t.row(
+        BASELINE,
+        "plain redis",
+        "PING RTT p50, after 50 ms idle",
+        idle,
+        Unit::Us,
+        Some((idle / hot, "of back to back")),
+        "",
+        None,
+    );
+}
+
+// ------------------------------------------------------------------------------------------
 // 1 + 2. Uncontended
 // ------------------------------------------------------------------------------------------
 
 const UNCONTENDED: &str = "1 uncontended";
+/// Chunks each round's pairs are split into, per implementation, interleaved.
+const UNC_CHUNKS: usize = 10;
 const IMPS_UNC: [&str; 5] = [
     "floor (SET NX PX + EVALSHA)",
     "lockrt acquire/release",
@@ -455,56 +523,65 @@ async fn uncontended(env: &Env, cfg: &Config, figs: &mut Figures) -> Res<()> {
         } else {
             cfg.pairs
         };
-        // Rotate the order so no implementation always runs first (or right after another).
-        for k in 0..IMPS_UNC.len() {
-            let which = (k + round) % IMPS_UNC.len();
-            let s = match which {
-                0 => {
-                    sequential(n, || async {
-                        let t = floor
-                            .try_lock("bench:u:floor")
-                            .await?
-                            .ok_or("floor: lock busy")?;
-                        floor.unlock("bench:u:floor", &t).await
-                    })
-                    .await?
+        // The machine's speed drifts: run the implementations interleaved in chunks, in a
+        // rotating order, so drift hits all of them alike.
+        let chunks = UNC_CHUNKS.min(n);
+        let mut seqs: [Seq; 5] = Default::default();
+        for chunk in 0..chunks {
+            let m = n / chunks + usize::from(chunk < n % chunks);
+            for k in 0..IMPS_UNC.len() {
+                let which = (k + round + chunk) % IMPS_UNC.len();
+                let seq = &mut seqs[which];
+                match which {
+                    0 => {
+                        seq.run(m, || async {
+                            let t = floor
+                                .try_lock("bench:u:floor")
+                                .await?
+                                .ok_or("floor: lock busy")?;
+                            floor.unlock("bench:u:floor", &t).await
+                        })
+                        .await?
+                    }
+                    1 => {
+                        seq.run(m, || async {
+                            let g = locker.acquire("bench:u:acq", opts()).await?;
+                            g.release().await?;
+                            Ok(())
+                        })
+                        .await?
+                    }
+                    2 => {
+                        seq.run(m, || async {
+                            locker.run("bench:u:run", opts(), async {}).await?;
+                            Ok(())
+                        })
+                        .await?
+                    }
+                    3 => {
+                        seq.run(m, || async {
+                            attr_section(&locker, "u:attr").await?;
+                            Ok(())
+                        })
+                        .await?
+                    }
+                    _ => {
+                        seq.run(m, || async {
+                            let l = rslock_lock(&rs, "bench:u:rslock", TTL).await?;
+                            rs.unlock(&l).await;
+                            Ok(())
+                        })
+                        .await?
+                    }
                 }
-                1 => {
-                    sequential(n, || async {
-                        let g = locker.acquire("bench:u:acq", opts()).await?;
-                        g.release().await?;
-                        Ok(())
-                    })
-                    .await?
-                }
-                2 => {
-                    sequential(n, || async {
-                        locker.run("bench:u:run", opts(), async {}).await?;
-                        Ok(())
-                    })
-                    .await?
-                }
-                3 => {
-                    sequential(n, || async {
-                        attr_section(&locker, "u:attr").await?;
-                        Ok(())
-                    })
-                    .await?
-                }
-                _ => {
-                    sequential(n, || async {
-                        let l = rslock_lock(&rs, "bench:u:rslock", TTL).await?;
-                        rs.unlock(&l).await;
-                        Ok(())
-                    })
-                    .await?
-                }
-            };
-            if round > 0 {
-                let imp = IMPS_UNC[which];
-                figs.add(UNCONTENDED, imp, "p50", s.p50_us);
-                figs.add(UNCONTENDED, imp, "p99", s.p99_us);
-                figs.add(UNCONTENDED, imp, "pairs/s", s.per_sec);
+            }
+        }
+        if round > 0 {
+            for (imp, seq) in IMPS_UNC.iter().zip(seqs) {
+                let (p50, p99, per_sec) = seq.summary();
+                figs.add(UNCONTENDED, imp, "p50", p50);
+                figs.add(UNCONTENDED, imp, "p99", p99);
+                figs.add(UNCONTENDED, imp, "pairs/s", per_sec);
             }
         }
         eprintln!("  uncontended round {round} done");
@@ -565,6 +642,16 @@ struct ContendedRound {
     lost: f64,
     waits: Vec<Duration>,
     sections: Vec<Duration>,
+    /// Release call start → next holder acquired, from every holder to the next.
+    gaps: Vec<Duration>,
+}
+
+/// What one task saw: per section the wait, the section time, and (acquired, releasing).
+#[derive(Default)]
+struct TaskLog {
+    waits: Vec<Duration>,
+    sections: Vec<Duration>,
+    spans: Vec<(Instant, Instant)>,
 }
 
 async fn contended_lockrt(
@@ -583,16 +670,17 @@ async fn contended_lockrt(
         let n = cfg.sections;
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            let mut waits = Vec::with_capacity(n);
-            let mut secs = Vec::with_capacity(n);
+            let mut log = TaskLog::default();
             for _ in 0..n {
                 let t = Instant::now();
                 let g = locker.acquire("bench:c", opts()).await?;
-                waits.push(t.elapsed());
-                secs.push(section(&mut conn).await?);
+                let held = Instant::now();
+                log.waits.push(held - t);
+                log.sections.push(section(&mut conn).await?);
+                log.spans.push((held, Instant::now()));
                 g.release().await?;
             }
-            Res::Ok((waits, secs))
+            Res::Ok(log)
         }));
     }
     collect_contended(tasks, start, counter, cfg).await
@@ -614,22 +702,23 @@ async fn contended_rslock(
         let n = cfg.sections;
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            let mut waits = Vec::with_capacity(n);
-            let mut secs = Vec::with_capacity(n);
+            let mut log = TaskLog::default();
             for _ in 0..n {
                 let t = Instant::now();
                 let l = rslock_lock(&m, "bench:c:rslock", TTL).await?;
-                waits.push(t.elapsed());
-                secs.push(section(&mut conn).await?);
+                let held = Instant::now();
+                log.waits.push(held - t);
+                log.sections.push(section(&mut conn).await?);
+                log.spans.push((held, Instant::now()));
                 m.unlock(&l).await;
             }
-            Res::Ok((waits, secs))
+            Res::Ok(log)
         }));
     }
     collect_contended(tasks, start, counter, cfg).await
 }
 
-type SectionTask = tokio::task::JoinHandle<Res<(Vec<Duration>, Vec<Duration>)>>;
+type SectionTask = tokio::task::JoinHandle<Res<TaskLog>>;
 
 async fn collect_contended(
     tasks: Vec<SectionTask>,
@@ -639,21 +728,31 @@ async fn collect_contended(
 ) -> Res<ContendedRound> {
     let mut waits = Vec::new();
     let mut sections = Vec::new();
+    let mut spans = Vec::new();
     for t in tasks {
-        let (w, s) = tokio::time::timeout(Duration::from_secs(300), t).await???;
-        waits.extend(w);
-        sections.extend(s);
+        let log = tokio::time::timeout(Duration::from_secs(300), t).await???;
+        waits.extend(log.waits);
+        sections.extend(log.sections);
+        spans.extend(log.spans);
     }
     let elapsed = start.elapsed();
     let got: i64 = counter.clone().get("bench:counter").await?;
     let total = cfg.tasks * cfg.sections;
     waits.sort();
     sections.sort();
+    // Holders never overlap, so in acquisition order each gap is one hand-off.
+    spans.sort();
+    let mut gaps: Vec<Duration> = spans
+        .windows(2)
+        .map(|w| w[1].0.saturating_duration_since(w[0].1))
+        .collect();
+    gaps.sort();
     Ok(ContendedRound {
         per_sec: total as f64 / elapsed.as_secs_f64(),
         lost: lost_updates(total, got),
         waits,
         sections,
+        gaps,
     })
 }
 
@@ -702,6 +801,7 @@ async fn contended(env: &Env, cfg: &Config, figs: &mut Figures) -> Res<()> {
             figs.add(CONTENDED, imp, "wait p99", us(pct(&r.waits, 0.99)) / 1e3);
             figs.add(CONTENDED, imp, "wait max", us(pct(&r.waits, 1.0)) / 1e3);
             figs.add(CONTENDED, imp, "section p50", us(pct(&r.sections, 0.5)));
+            figs.add(CONTENDED, imp, "gap p50", us(pct(&r.gaps, 0.5)));
         }
         eprintln!("  contended round {round} done");
     }
@@ -773,6 +873,16 @@ fn report_contended(figs: &Figures, cfg: &Config, t: &mut Table) {
             imp,
             "section p50 (GET+SET while held)",
             sec,
+            Unit::Us,
+            None,
+            "",
+            None,
+        );
+        t.row(
+            CONTENDED,
+            imp,
+            "hand-off gap p50 (release start → next holder)",
+            figs.get(CONTENDED, imp, "gap p50"),
             Unit::Us,
             None,
             "",
@@ -859,19 +969,20 @@ async fn handoff_rslock(
     Ok(got.saturating_duration_since(released))
 }
 
-/// The floor: the waiter blocks in `BLPOP sig 0` on its own connection; the releaser does
-/// `DEL key` then `LPUSH sig 1`. Measured from the start of `LPUSH` to the waiter's
-/// `SET NX PX` succeeding.
+/// The floor: the waiter blocks in `BLPOP sig 0` on its own connection, then takes the lock
+/// with `SET NX PX`. Released with `DEL key`, then `LPUSH sig 1` (`one_trip: false`, measured
+/// from the start of `LPUSH`, as specified), or with both in one `MULTI` round trip
+/// (`one_trip: true`, measured from the start of that release, like lockrt's).
 async fn handoff_floor(
-    env: &Env,
     floor: &Floor,
     waiter_conn: &MultiplexedConnection,
     i: usize,
     hold: Duration,
+    one_trip: bool,
 ) -> Res<Duration> {
-    let mut conn = env.manager().await?;
+    let mut conn = floor.conn.clone();
     let () = conn.del("bench:h:sig").await?;
-    let token = floor
+    floor
         .try_lock("bench:h:floor")
         .await?
         .ok_or("floor: hand-off lock busy")?;
@@ -895,15 +1006,30 @@ async fn handoff_floor(
         Res::Ok(at)
     });
     tokio::time::sleep_until((held_at + hold).into()).await;
-    floor.unlock("bench:h:floor", &token).await?;
-    let pushed = Instant::now();
-    let _: i64 = conn.lpush("bench:h:sig", 1).await?;
+    let start = if one_trip {
+        let start = Instant::now();
+        let () = redis::pipe()
+            .atomic()
+            .del("bench:h:floor")
+            .ignore()
+            .lpush("bench:h:sig", 1)
+            .ignore()
+            .query_async(&mut conn)
+            .await?;
+        start
+    } else {
+        let () = conn.del("bench:h:floor").await?;
+        let start = Instant::now();
+        let _: i64 = conn.lpush("bench:h:sig", 1).await?;
+        start
+    };
     let got = tokio::time::timeout(Duration::from_secs(10), waiter).await???;
-    Ok(got.saturating_duration_since(pushed))
+    Ok(got.saturating_duration_since(start))
 }
 
-const IMPS_HANDOFF: [&str; 4] = [
-    "floor (BLPOP-signalled)",
+const IMPS_HANDOFF: [&str; 5] = [
+    "floor (BLPOP-signalled; DEL, then LPUSH; from LPUSH start)",
+    "floor' (BLPOP-signalled; DEL+LPUSH in 1 MULTI; from release start)",
     "lockrt (2 Lockers)",
     "lockrt (same Locker)",
     "rslock (retry 3 × 0..200 ms)",
@@ -918,15 +1044,16 @@ async fn handoff(env: &Env, cfg: &Config, figs: &mut Figures) -> Res<()> {
     for round in 0..=cfg.rounds {
         // Round 0 is a short warm-up.
         let n = if round == 0 { 2 } else { cfg.handoffs };
-        let mut samples: [Vec<Duration>; 4] = Default::default();
+        let mut samples: [Vec<Duration>; 5] = Default::default();
         for i in 0..n {
             // Rotate the order so no implementation always runs right after another.
-            for k in 0..4 {
-                let which = (k + i) % 4;
+            for k in 0..5 {
+                let which = (k + i) % 5;
                 let d = match which {
-                    0 => handoff_floor(env, &floor, &waiter_conn, i, cfg.hold).await?,
-                    1 => handoff_lockrt(&a, &b, i, cfg.hold).await?,
-                    2 => handoff_lockrt(&a, &a, i, cfg.hold).await?,
+                    0 => handoff_floor(&floor, &waiter_conn, i, cfg.hold, false).await?,
+                    1 => handoff_floor(&floor, &waiter_conn, i, cfg.hold, true).await?,
+                    2 => handoff_lockrt(&a, &b, i, cfg.hold).await?,
+                    3 => handoff_lockrt(&a, &a, i, cfg.hold).await?,
                     _ => handoff_rslock(&ra, &rb, i, cfg.hold).await?,
                 };
                 samples[which].push(d);
@@ -946,32 +1073,29 @@ async fn handoff(env: &Env, cfg: &Config, figs: &mut Figures) -> Res<()> {
 
 fn report_handoff(figs: &Figures, cfg: &Config, t: &mut Table) {
     let floor = figs.get(HANDOFF, IMPS_HANDOFF[0], "median");
-    let rs = figs.get(HANDOFF, IMPS_HANDOFF[3], "median");
-    for imp in IMPS_HANDOFF {
+    let floor1 = figs.get(HANDOFF, IMPS_HANDOFF[1], "median");
+    let rs = figs.get(HANDOFF, IMPS_HANDOFF[4], "median");
+    let metric = format!("release → acquired, median of {}", cfg.handoffs);
+    for (k, imp) in IMPS_HANDOFF.iter().enumerate() {
         let v = figs.get(HANDOFF, imp, "median");
-        let (ratio, target, met) = match imp {
-            i if i == IMPS_HANDOFF[0] => (None, String::new(), None),
-            i if i == IMPS_HANDOFF[3] => (Some((v / floor, "of floor")), String::new(), None),
+        let (ratio, target, met) = match k {
+            0 => (None, String::new(), None),
+            1 | 4 => (Some((v / floor, "of floor")), String::new(), None),
             _ => {
                 let r = v / floor;
                 let speedup = rs / v;
                 (
                     Some((r, "of floor")),
-                    format!("≤ 1.5x floor and ≥ 20x faster than rslock (is {speedup:.0}x)"),
+                    format!(
+                        "≤ 1.5x floor (is {r:.2}x; {:.2}x of floor') and ≥ 20x faster than \
+                         rslock (is {speedup:.0}x)",
+                        v / floor1
+                    ),
                     Some(r <= 1.5 && speedup >= 20.0),
                 )
             }
         };
-        t.row(
-            HANDOFF,
-            imp,
-            &format!("release → acquired, median of {}", cfg.handoffs),
-            v,
-            Unit::Us,
-            ratio,
-            &target,
-            met,
-        );
+        t.row(HANDOFF, imp, &metric, v, Unit::Us, ratio, &target, met);
         t.row(
             HANDOFF,
             imp,
@@ -1417,6 +1541,8 @@ async fn run(cfg: Config) -> Res<()> {
     };
     let mut figs = Figures::default();
 
+    eprintln!("workload 0: baseline round trip");
+    baseline(&env, &cfg, &mut figs).await?;
     eprintln!("workload 1+2: uncontended");
     uncontended(&env, &cfg, &mut figs).await?;
     eprintln!("workload 3: contended");
@@ -1429,6 +1555,7 @@ async fn run(cfg: Config) -> Res<()> {
     many_held(&env, &cfg, &mut figs).await?;
 
     let mut t = Table::default();
+    report_baseline(&figs, &mut t);
     report_uncontended(&figs, &mut t);
     report_contended(&figs, &cfg, &mut t);
     report_handoff(&figs, &cfg, &mut t);
