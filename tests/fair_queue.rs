@@ -31,20 +31,20 @@ async fn release_hands_the_lock_to_the_queued_waiter_atomically() {
     let mut conn = fx.conn().await;
     let g = a.acquire("hand", opts()).await.unwrap();
     let first = g.fence();
-    let w = tokio::spawn(async move {
-        b.acquire("hand", opts().wait(ms(5_000)))
-            .await
-            .map(|g| g.fence())
-    });
+    // The task returns the guard itself: dropping it there would release the lock and race
+    // the check below.
+    let w = tokio::spawn(async move { b.acquire("hand", opts().wait(ms(5_000))).await });
     until_queued(&mut conn, "hand", 1).await;
     g.release().await.unwrap();
     // Already the waiter's when the release returns: no gap another client could take.
     let value: Option<String> = conn.get("lock:hand").await.unwrap();
     let value = value.expect("the lock was handed over, not freed");
-    let fence = w.await.unwrap().unwrap();
+    let held = w.await.unwrap().unwrap();
+    let fence = held.fence();
     assert_eq!(value.split(':').nth(1).unwrap(), fence.to_string());
     assert!(fence > first);
     assert_eq!(queued(&mut conn, "hand").await, 0);
+    held.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
