@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use crate::LockError;
 use crate::backend::{Released, Token};
-use crate::key::LockKey;
 use crate::lease::LeaseInfo;
 use crate::locker::Locker;
 use crate::wait::EntryHandle;
@@ -32,7 +31,6 @@ use crate::wait::EntryHandle;
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     pub(crate) locker: Locker,
-    pub(crate) key: LockKey,
     pub(crate) info: Arc<LeaseInfo>,
     pub(crate) fence: u64,
     pub(crate) entry: Option<EntryHandle>,
@@ -50,7 +48,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn key(&self) -> &str {
-        &self.key.user
+        &self.info.key.user
     }
 
     /// The fencing token: strictly greater than the fence of every earlier holder of this key.
@@ -114,7 +112,10 @@ impl LockGuard {
     /// ```
     pub async fn release(mut self) -> Result<(), LockError> {
         self.locker.monitor_remove(self.info.id);
-        let res = self.locker.release_token(&self.key, &self.info.token).await;
+        let res = self
+            .locker
+            .release_token(&self.info.key, &self.info.token)
+            .await;
         // Only now: if this future is dropped mid-release, `Drop` releases in the background.
         self.done = true;
         self.info.leave_turn();
@@ -122,7 +123,7 @@ impl LockGuard {
         match res {
             Ok(Released::Freed | Released::HandedOver) => Ok(()),
             Ok(Released::NotOwner) => Err(LockError::Lost {
-                key: self.key.user.clone(),
+                key: self.info.key.user.to_string(),
             }),
             Err(e) => Err(e.into()),
         }
@@ -147,11 +148,10 @@ impl Drop for LockGuard {
             return;
         };
         let locker = self.locker.clone();
-        let key = self.key.clone();
         let info = self.info.clone();
         rt.spawn(async move {
-            if let Err(e) = locker.release_token(&key, &info.token).await {
-                tracing::warn!(key = %key.user, error = %e, "background release failed; the lease will expire");
+            if let Err(e) = locker.release_token(&info.key, &info.token).await {
+                tracing::warn!(key = %info.key.user, error = %e, "background release failed; the lease will expire");
             }
             info.leave_turn();
             drop(entry);
@@ -162,7 +162,7 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.key.user)
+            .field("key", &self.info.key.user)
             .field("fence", &self.fence)
             .field("token", self.token())
             .field("lost", &self.is_lost())

@@ -7,47 +7,107 @@
 //! hash tag: same slot, and no user key can produce a name with a brace, so none can forge a tag
 //! or collide with an auxiliary name. This module must never let a raw user brace through.
 
+use std::io::Write;
+use std::sync::Arc;
+
+use redis::{RedisWrite, ToRedisArgs};
+
 use crate::LockError;
 
 /// Longest accepted user key, in bytes. Redis allows far more, but a key this long is almost
 /// certainly a bug (a serialised struct), and every lock operation sends it several times.
 pub(crate) const MAX_KEY_LEN: usize = 1024;
 
-/// The Redis names of one lock.
+/// The Redis names of one lock, in two small allocations: a held lock keeps this alive for
+/// as long as it is held, and a service may hold many thousands at once. The auxiliary names
+/// are written straight into commands ([`Aux`]) instead of being stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockKey {
     /// The key as the user wrote it.
-    pub(crate) user: String,
-    /// `prefix + escaped(user)`: the lock's own Redis key.
-    pub(crate) lock: String,
-    /// `{lock}:fence`: the per-key fencing counter.
-    pub(crate) fence: String,
-    /// `{lock}:rel`: the pub/sub channel a release is announced on.
-    pub(crate) channel: String,
-    /// `{lock}:q`: waiters of all processes in arrival order.
-    pub(crate) queue: String,
-    /// `{lock}:w`: each queued waiter's registration expiry and granted lease.
-    pub(crate) waiters: String,
+    pub(crate) user: Box<str>,
+    /// `{prefix + escaped(user)}`: the hash tag of every name of this lock. Shared (not
+    /// copied) with the locker's per-key waiting entry.
+    pub(crate) tag: Arc<str>,
 }
 
 impl LockKey {
     pub(crate) fn new(prefix: &str, user: &str) -> Result<LockKey, LockError> {
         validate(user)?;
-        let mut lock = String::with_capacity(prefix.len() + user.len() + 8);
-        lock.push_str(prefix);
-        escape_into(user, &mut lock);
-        let fence = format!("{{{lock}}}:fence");
-        let channel = format!("{{{lock}}}:rel");
-        let queue = format!("{{{lock}}}:q");
-        let waiters = format!("{{{lock}}}:w");
+        let mut tag = String::with_capacity(prefix.len() + user.len() + 2);
+        tag.push('{');
+        tag.push_str(prefix);
+        escape_into(user, &mut tag);
+        tag.push('}');
         Ok(LockKey {
-            user: user.to_owned(),
-            lock,
-            fence,
-            channel,
-            queue,
-            waiters,
+            user: user.into(),
+            tag: tag.into(),
         })
+    }
+
+    /// `prefix + escaped(user)`: the lock's own Redis key, the tag without its braces.
+    pub(crate) fn lock(&self) -> &str {
+        lock_of_tag(&self.tag)
+    }
+
+    /// `{lock}:fence`: the per-key fencing counter.
+    pub(crate) fn fence(&self) -> Aux<'_> {
+        Aux::new(&self.tag, ":fence")
+    }
+
+    /// `{lock}:rel`: the pub/sub channel a release is announced on.
+    pub(crate) fn channel(&self) -> Aux<'_> {
+        Aux::new(&self.tag, CHANNEL_SUFFIX)
+    }
+
+    /// `{lock}:q`: waiters of all processes in arrival order.
+    pub(crate) fn queue(&self) -> Aux<'_> {
+        Aux::new(&self.tag, ":q")
+    }
+
+    /// `{lock}:w`: each queued waiter's registration expiry and granted lease.
+    pub(crate) fn waiters(&self) -> Aux<'_> {
+        Aux::new(&self.tag, ":w")
+    }
+}
+
+/// The suffix of a lock's release channel after its tag.
+pub(crate) const CHANNEL_SUFFIX: &str = ":rel";
+
+/// The lock key inside a tag `{lock}`.
+pub(crate) fn lock_of_tag(tag: &str) -> &str {
+    &tag[1..tag.len() - 1]
+}
+
+/// The tag of a release channel `{lock}:rel`, if it is one.
+pub(crate) fn tag_of_channel(channel: &str) -> Option<&str> {
+    channel.strip_suffix(CHANNEL_SUFFIX)
+}
+
+/// An auxiliary name `{lock}:suffix`, written into a command without building a `String`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Aux<'a> {
+    tag: &'a str,
+    suffix: &'static str,
+}
+
+impl<'a> Aux<'a> {
+    fn new(tag: &'a str, suffix: &'static str) -> Aux<'a> {
+        Aux { tag, suffix }
+    }
+}
+
+impl std::fmt::Display for Aux<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.tag, self.suffix)
+    }
+}
+
+impl ToRedisArgs for Aux<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut w = out.writer_for_next_arg();
+        // Writing into the command's own buffer cannot fail.
+        let _ = w.write_all(self.tag.as_bytes());
+        let _ = w.write_all(self.suffix.as_bytes());
     }
 }
 
@@ -96,21 +156,36 @@ mod tests {
     #[test]
     fn plain_key_keeps_its_operator_visible_name() {
         let k = LockKey::new("lock:", "stock:1").unwrap();
-        assert_eq!(k.lock, "lock:stock:1");
-        assert_eq!(k.fence, "{lock:stock:1}:fence");
-        assert_eq!(k.channel, "{lock:stock:1}:rel");
+        assert_eq!(k.lock(), "lock:stock:1");
+        assert_eq!(k.fence().to_string(), "{lock:stock:1}:fence");
+        assert_eq!(k.channel().to_string(), "{lock:stock:1}:rel");
+        assert_eq!(k.queue().to_string(), "{lock:stock:1}:q");
+        assert_eq!(k.waiters().to_string(), "{lock:stock:1}:w");
+        assert_eq!(tag_of_channel(&k.channel().to_string()), Some(&*k.tag));
     }
 
     #[test]
     fn braces_cannot_forge_a_hash_tag_or_collide() {
         let k = LockKey::new("lock:", "a}:fence{x").unwrap();
-        assert!(!k.lock.contains(['{', '}']));
+        assert!(!k.lock().contains(['{', '}']));
         let other = LockKey::new("lock:", "a").unwrap();
-        assert_ne!(k.lock, other.fence);
+        assert_ne!(k.lock(), other.fence().to_string());
         // Escaping is injective: `%7B` typed by a user stays distinct from an escaped brace.
         let a = LockKey::new("lock:", "%7B").unwrap();
         let b = LockKey::new("lock:", "{").unwrap();
-        assert_ne!(a.lock, b.lock);
+        assert_ne!(a.lock(), b.lock());
+    }
+
+    #[test]
+    fn aux_names_are_written_as_one_argument() {
+        let k = LockKey::new("lock:", "stock:1").unwrap();
+        let args = redis::cmd("X")
+            .arg(k.fence())
+            .arg(k.queue())
+            .get_packed_command();
+        let text = String::from_utf8(args).unwrap();
+        assert!(text.contains("$20\r\n{lock:stock:1}:fence\r\n"), "{text:?}");
+        assert!(text.contains("$16\r\n{lock:stock:1}:q\r\n"), "{text:?}");
     }
 
     #[test]

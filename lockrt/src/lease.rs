@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Renewal, Token};
+use crate::key::LockKey;
 
 /// Largest number of leases renewed by one script call.
 const MAX_BATCH: usize = 500;
@@ -29,8 +30,7 @@ const MAX_BATCH: usize = 500;
 #[derive(Debug)]
 pub(crate) struct LeaseInfo {
     pub(crate) id: u64,
-    pub(crate) user_key: String,
-    pub(crate) lock: String,
+    pub(crate) key: LockKey,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
     pub(crate) watchdog: bool,
@@ -161,7 +161,7 @@ async fn run(backend: Arc<Backend>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
                     let batch: Vec<Renewal> = chunk.iter().map(|id| {
                         let st = leases.get_mut(id).expect("collected above");
                         st.in_flight = true;
-                        Renewal { lock: st.info.lock.clone(), token: st.info.token.clone(), ttl: st.info.ttl }
+                        st.info.clone()
                     }).collect();
                     let ids = chunk.to_vec();
                     let backend = backend.clone();
@@ -204,7 +204,7 @@ fn apply(leases: &mut HashMap<u64, State>, cmd: Cmd, wake: &mut Instant) {
 }
 
 fn declare_lost(info: &LeaseInfo, why: &str) {
-    tracing::warn!(key = %info.user_key, reason = why, "lock lost");
+    tracing::warn!(key = %info.key.user, reason = why, "lock lost");
     info.lost.cancel();
     info.leave_turn();
 }

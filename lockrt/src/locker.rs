@@ -345,7 +345,7 @@ impl Locker {
     /// assert_eq!(locker.redis_key("stock:1").unwrap(), "lock:stock:1");
     /// ```
     pub fn redis_key(&self, key: &str) -> Result<String, LockError> {
-        Ok(LockKey::new(&self.inner.prefix, key)?.lock)
+        Ok(LockKey::new(&self.inner.prefix, key)?.lock().to_owned())
     }
 
     /// Current counters.
@@ -367,7 +367,7 @@ impl Locker {
     #[doc(hidden)]
     pub fn memory_pttl(&self, key: &str) -> Option<Duration> {
         match &*self.inner.backend {
-            Backend::Memory(m) => m.pttl(&LockKey::new(&self.inner.prefix, key).ok()?.lock),
+            Backend::Memory(m) => m.pttl(LockKey::new(&self.inner.prefix, key).ok()?.lock()),
             Backend::Redis(_) => None,
         }
     }
@@ -508,7 +508,7 @@ impl Locker {
             waited: start.elapsed(),
         };
 
-        let entry = self.inner.notifier.entry(&key.channel);
+        let entry = self.inner.notifier.entry(&key.tag);
         // This locker's callers queue in arrival order; only the head talks to Redis.
         let turn = entry.turn();
         let permit = match turn.clone().try_acquire_owned() {
@@ -604,8 +604,7 @@ impl Locker {
         };
         let info = Arc::new(LeaseInfo {
             id: self.inner.next_lease.fetch_add(1, Ordering::Relaxed),
-            user_key: user_key.to_owned(),
-            lock: key.lock.clone(),
+            key,
             token,
             ttl,
             watchdog: opts.watchdog,
@@ -623,7 +622,6 @@ impl Locker {
         );
         Ok(LockGuard {
             locker: self.clone(),
-            key,
             info,
             fence,
             entry: Some(entry),
@@ -658,7 +656,7 @@ impl Locker {
                         if uncertain {
                             // The request may have landed: remove it by token, in the
                             // background and bounded; otherwise the lease ends it.
-                            self.spawn_cleanup(key.clone(), token.clone(), ttl);
+                            self.spawn_cleanup(key.clone(), *token, ttl);
                         }
                         // Returned to the caller, who decides how loud it is.
                         tracing::debug!(key = %key.user, error = %e, "acquire failed");
@@ -718,7 +716,7 @@ impl Locker {
         let res = self.release_raw(key, token).await;
         self.note_released();
         if matches!(res, Ok(Released::Freed)) {
-            self.inner.notifier.wake(&key.channel);
+            self.inner.notifier.wake(&key.tag);
         }
         tracing::debug!(key = %key.user, released = ?res.as_ref().ok(), "release");
         res
@@ -767,7 +765,7 @@ impl Drop for Enqueued<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.locker
-                .spawn_cleanup(self.key.clone(), self.token.clone(), self.bound);
+                .spawn_cleanup(self.key.clone(), *self.token, self.bound);
         }
     }
 }

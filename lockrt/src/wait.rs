@@ -21,6 +21,12 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::error::BackendError;
+use crate::key::{CHANNEL_SUFFIX, tag_of_channel};
+
+/// The release channel of the lock with this tag.
+fn channel_of(tag: &str) -> String {
+    format!("{tag}{CHANNEL_SUFFIX}")
+}
 
 pub(crate) struct Entry {
     pub(crate) turn: Arc<Semaphore>,
@@ -69,7 +75,8 @@ impl Entry {
     }
 }
 
-type Entries = Mutex<HashMap<String, Arc<Entry>>>;
+/// Keyed by the lock's tag (`{lock}`), shared with the holders' [`LockKey`](crate::key::LockKey).
+type Entries = Mutex<HashMap<Arc<str>, Arc<Entry>>>;
 
 struct Shared {
     entries: Entries,
@@ -77,15 +84,16 @@ struct Shared {
 }
 
 impl Shared {
-    fn entries(&self) -> MutexGuard<'_, HashMap<String, Arc<Entry>>> {
+    fn entries(&self) -> MutexGuard<'_, HashMap<Arc<str>, Arc<Entry>>> {
         // Map operations are single inserts/removes; a panic elsewhere can't corrupt it.
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
+/// (Un)subscribe the release channel of the lock with this tag.
 enum SubCmd {
-    Subscribe(String, oneshot::Sender<Result<(), BackendError>>),
-    Unsubscribe(String),
+    Subscribe(Arc<str>, oneshot::Sender<Result<(), BackendError>>),
+    Unsubscribe(Arc<str>),
 }
 
 /// The per-`Locker` registry of keys in use and their release notifications.
@@ -125,10 +133,11 @@ impl Notifier {
         Notifier { shared }
     }
 
-    /// The entry for `channel`, created on first use and removed when its last handle drops.
-    pub(crate) fn entry(&self, channel: &str) -> EntryHandle {
+    /// The entry for the lock with this tag, created on first use and removed when its last
+    /// handle drops.
+    pub(crate) fn entry(&self, tag: &Arc<str>) -> EntryHandle {
         let mut map = self.shared.entries();
-        let entry = match map.get(channel) {
+        let entry = match map.get(tag) {
             Some(e) => e.clone(),
             None => {
                 let e = Arc::new(Entry {
@@ -137,20 +146,21 @@ impl Notifier {
                     listeners: AtomicUsize::new(0),
                     grants: Mutex::new(Vec::new()),
                 });
-                map.insert(channel.to_owned(), e.clone());
+                map.insert(tag.clone(), e.clone());
                 e
             }
         };
         EntryHandle {
             shared: self.shared.clone(),
-            channel: channel.to_owned(),
+            tag: tag.clone(),
             entry: Some(entry),
         }
     }
 
-    /// Wakes this process's waiters on `channel` (a local release: faster than the message).
-    pub(crate) fn wake(&self, channel: &str) {
-        if let Some(e) = self.shared.entries().get(channel) {
+    /// Wakes this process's waiters for the lock with this tag (a local release: faster than
+    /// the message).
+    pub(crate) fn wake(&self, tag: &str) {
+        if let Some(e) = self.shared.entries().get(tag) {
             e.notify.notify_waiters();
         }
     }
@@ -173,7 +183,7 @@ impl Notifier {
 /// Keeps a key's entry alive; dropping the last handle removes it.
 pub(crate) struct EntryHandle {
     shared: Arc<Shared>,
-    channel: String,
+    tag: Arc<str>,
     entry: Option<Arc<Entry>>,
 }
 
@@ -198,7 +208,7 @@ impl EntryHandle {
             // queue orders this after any pending unsubscribe of the same channel.
             let (reply_tx, reply_rx) = oneshot::channel();
             if tx
-                .send(SubCmd::Subscribe(self.channel.clone(), reply_tx))
+                .send(SubCmd::Subscribe(self.tag.clone(), reply_tx))
                 .is_err()
             {
                 return Err(BackendError::new(
@@ -228,10 +238,10 @@ impl Drop for EntryHandle {
             drop(entry);
             // Under the map lock every clone is created or dropped, so the count is exact.
             if map
-                .get(&self.channel)
+                .get(&self.tag)
                 .is_some_and(|e| Arc::strong_count(e) == 1)
             {
-                map.remove(&self.channel);
+                map.remove(&self.tag);
             }
         }
     }
@@ -272,7 +282,7 @@ impl Drop for Listener<'_> {
                 == 1
         };
         if last && let Some(tx) = &self.handle.shared.remote {
-            let _ = tx.send(SubCmd::Unsubscribe(self.handle.channel.clone()));
+            let _ = tx.send(SubCmd::Unsubscribe(self.handle.tag.clone()));
         }
     }
 }
@@ -285,7 +295,8 @@ async fn pubsub_task(
     mut rx: mpsc::UnboundedReceiver<SubCmd>,
 ) {
     let mut conn: Option<(PubSubSink, PubSubStream)> = None;
-    let mut subscribed: HashSet<String> = HashSet::new();
+    // Tags whose release channel is subscribed.
+    let mut subscribed: HashSet<Arc<str>> = HashSet::new();
     let mut reconnect_at: Option<tokio::time::Instant> = None;
     let err = |m: String| {
         let m = match remote.secret.as_deref() {
@@ -311,22 +322,22 @@ async fn pubsub_task(
             cmd = rx.recv() => {
                 let Some(cmd) = cmd else { break };
                 match cmd {
-                    SubCmd::Subscribe(ch, reply) => {
-                        let res = subscribe(&remote, &mut conn, &mut subscribed, &shared, &ch).await
+                    SubCmd::Subscribe(tag, reply) => {
+                        let res = subscribe(&remote, &mut conn, &mut subscribed, &shared, &tag).await
                             .map_err(err);
                         if res.is_err() {
                             reconnect_at = Some(tokio::time::Instant::now() + Duration::from_millis(200));
                         }
                         let _ = reply.send(res);
                     }
-                    SubCmd::Unsubscribe(ch) => {
+                    SubCmd::Unsubscribe(tag) => {
                         let Some(sh) = shared.upgrade() else { break };
-                        let wanted = sh.entries().get(&ch).is_some_and(|e| e.listeners.load(Ordering::Relaxed) > 0);
+                        let wanted = sh.entries().get(&tag).is_some_and(|e| e.listeners.load(Ordering::Relaxed) > 0);
                         drop(sh);
                         if !wanted
-                            && subscribed.remove(&ch)
+                            && subscribed.remove(&tag)
                             && let Some((sink, _)) = conn.as_mut()
-                            && tokio::time::timeout(remote.timeout, sink.unsubscribe(&ch)).await.is_err()
+                            && tokio::time::timeout(remote.timeout, sink.unsubscribe(channel_of(&tag))).await.is_err()
                         {
                             conn = None;
                             subscribed.clear();
@@ -339,7 +350,9 @@ async fn pubsub_task(
                 match msg {
                     Some(msg) => {
                         let at = Instant::now();
-                        if let Some(e) = sh.entries().get(msg.get_channel_name()) {
+                        if let Some(tag) = tag_of_channel(msg.get_channel_name())
+                            && let Some(e) = sh.entries().get(tag)
+                        {
                             e.deliver(msg.get_payload_bytes(), at);
                         }
                     }
@@ -356,17 +369,17 @@ async fn pubsub_task(
             () = retry => {
                 reconnect_at = None;
                 let Some(sh) = shared.upgrade() else { break };
-                let wanted: Vec<String> = sh.entries().iter()
+                let wanted: Vec<Arc<str>> = sh.entries().iter()
                     .filter(|(_, e)| e.listeners.load(Ordering::Relaxed) > 0)
-                    .map(|(ch, _)| ch.clone())
+                    .map(|(tag, _)| tag.clone())
                     .collect();
                 drop(sh);
                 if wanted.is_empty() {
                     continue;
                 }
                 let mut ok = true;
-                for ch in &wanted {
-                    if subscribe(&remote, &mut conn, &mut subscribed, &shared, ch).await.is_err() {
+                for tag in &wanted {
+                    if subscribe(&remote, &mut conn, &mut subscribed, &shared, tag).await.is_err() {
                         ok = false;
                         break;
                     }
@@ -390,11 +403,11 @@ fn wake_all(sh: &Shared) {
 async fn subscribe(
     remote: &Remote,
     conn: &mut Option<(PubSubSink, PubSubStream)>,
-    subscribed: &mut HashSet<String>,
+    subscribed: &mut HashSet<Arc<str>>,
     shared: &Weak<Shared>,
-    ch: &str,
+    tag: &Arc<str>,
 ) -> Result<(), String> {
-    if subscribed.contains(ch) && conn.is_some() {
+    if subscribed.contains(tag) && conn.is_some() {
         return Ok(());
     }
     if conn.is_none() {
@@ -415,9 +428,9 @@ async fn subscribe(
         }
     }
     let (sink, _) = conn.as_mut().expect("connected above");
-    match tokio::time::timeout(remote.timeout, sink.subscribe(ch)).await {
+    match tokio::time::timeout(remote.timeout, sink.subscribe(channel_of(tag))).await {
         Ok(Ok(())) => {
-            subscribed.insert(ch.to_owned());
+            subscribed.insert(tag.clone());
             Ok(())
         }
         Ok(Err(e)) => {

@@ -47,7 +47,7 @@ impl MemoryBackend {
             st.locks.retain(|_, h| h.expires > now);
             st.sweep_at = st.locks.len() * 2;
         }
-        if let Some(h) = st.locks.get_mut(&key.lock)
+        if let Some(h) = st.locks.get_mut(key.lock())
             && h.expires > now
         {
             if h.token == *token {
@@ -61,9 +61,9 @@ impl MemoryBackend {
         st.last_fence += 1;
         let fence = st.last_fence;
         st.locks.insert(
-            key.lock.clone(),
+            key.lock().to_owned(),
             Held {
-                token: token.clone(),
+                token: *token,
                 fence,
                 expires: now + ttl,
             },
@@ -76,7 +76,7 @@ impl MemoryBackend {
         let mut st = self.state();
         batch
             .iter()
-            .map(|r| match st.locks.get_mut(&r.lock) {
+            .map(|r| match st.locks.get_mut(r.key.lock()) {
                 Some(h) if h.expires > now && h.token == r.token => {
                     h.expires = now + r.ttl;
                     true
@@ -89,10 +89,10 @@ impl MemoryBackend {
     pub(crate) fn release(&self, key: &LockKey, token: &Token) -> bool {
         let now = Instant::now();
         let mut st = self.state();
-        match st.locks.get(&key.lock) {
+        match st.locks.get(key.lock()) {
             Some(h) if h.token == *token => {
                 let live = h.expires > now;
-                st.locks.remove(&key.lock);
+                st.locks.remove(key.lock());
                 live
             }
             _ => false,

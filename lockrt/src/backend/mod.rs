@@ -12,9 +12,9 @@ use crate::error::BackendError;
 use crate::key::LockKey;
 
 /// A fresh 128-bit random owner token, as 32 lowercase hex digits (the scripts rely on the
-/// fixed length).
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Token(String);
+/// fixed length). Stored inline: every held lock keeps one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Token([u8; 32]);
 
 impl Token {
     pub(crate) fn new() -> Token {
@@ -23,18 +23,23 @@ impl Token {
         let n = getrandom::u64()
             .and_then(|a| getrandom::u64().map(|b| (u128::from(a) << 64) | u128::from(b)))
             .unwrap_or_else(|_| uuid::Uuid::new_v4().as_u128());
-        Token(format!("{n:032x}"))
+        let mut hex = [0u8; 32];
+        for (i, b) in hex.iter_mut().enumerate() {
+            *b = b"0123456789abcdef"[((n >> (124 - 4 * i)) & 0xf) as usize];
+        }
+        Token(hex)
     }
 
     pub(crate) fn as_str(&self) -> &str {
-        &self.0
+        // Only hex digits are ever stored.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Half a token identifies it in logs without handing out the whole credential.
-        write!(f, "Token({}…)", &self.0[..8])
+        write!(f, "Token({}…)", &self.as_str()[..8])
     }
 }
 
@@ -67,13 +72,8 @@ pub(crate) enum Released {
     HandedOver,
 }
 
-/// One lease to renew.
-#[derive(Debug, Clone)]
-pub(crate) struct Renewal {
-    pub(crate) lock: String,
-    pub(crate) token: Token,
-    pub(crate) ttl: Duration,
-}
+/// One lease to renew: the lease itself, shared with its guard rather than copied.
+pub(crate) type Renewal = std::sync::Arc<crate::lease::LeaseInfo>;
 
 // One per `Locker`, behind an `Arc`: the size difference costs nothing, a `Box` would cost an
 // indirection on every command. (TLS support makes the Redis variant larger.)
@@ -134,4 +134,27 @@ impl Backend {
 
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Token;
+
+    #[test]
+    fn tokens_are_32_lowercase_hex_digits_and_distinct() {
+        let (a, b) = (Token::new(), Token::new());
+        for t in [a, b] {
+            assert_eq!(t.as_str().len(), 32);
+            assert!(
+                t.as_str()
+                    .bytes()
+                    .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+            );
+        }
+        assert_ne!(a, b);
+        assert!(
+            !format!("{a:?}").contains(a.as_str()),
+            "Debug shows only a prefix"
+        );
+    }
 }

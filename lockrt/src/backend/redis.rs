@@ -132,10 +132,10 @@ impl RedisBackend {
             queue.map_or((0, 0), |q| (millis(q.register), millis(q.grant_lease)));
         let mut conn = self.conn.clone();
         let (held, n): (i64, i64) = ACQUIRE
-            .key(&key.lock)
-            .key(&key.fence)
-            .key(&key.queue)
-            .key(&key.waiters)
+            .key(key.lock())
+            .key(key.fence())
+            .key(key.queue())
+            .key(key.waiters())
             .arg(token.as_str())
             .arg(millis(ttl))
             .arg(millis(self.fence_retention.max(ttl * 2)))
@@ -159,7 +159,7 @@ impl RedisBackend {
     pub(crate) async fn renew(&self, batch: &[Renewal]) -> Result<Vec<bool>, BackendError> {
         let mut inv = RENEW.prepare_invoke();
         for r in batch {
-            inv.key(&r.lock);
+            inv.key(r.key.lock());
         }
         for r in batch {
             inv.arg(r.token.as_str());
@@ -182,12 +182,12 @@ impl RedisBackend {
     ) -> Result<Released, BackendError> {
         let mut conn = self.conn.clone();
         let n: i64 = RELEASE
-            .key(&key.lock)
-            .key(&key.fence)
-            .key(&key.queue)
-            .key(&key.waiters)
+            .key(key.lock())
+            .key(key.fence())
+            .key(key.queue())
+            .key(key.waiters())
             .arg(token.as_str())
-            .arg(&key.channel)
+            .arg(key.channel())
             .arg(millis(self.fence_retention))
             .invoke_async(&mut conn)
             .await
