@@ -9,14 +9,16 @@
 //! `held / batch size`. A transient renewal error is retried soon, but never moves the deadline.
 //! A "not yours" answer or a passed deadline marks the lease lost.
 //!
-//! The monitor never outlives the leases' guards (it ends when the last sender is dropped) and
-//! never blocks a guard: guards talk to it through an unbounded channel.
+//! The monitor never outlives the leases' guards (it ends when its `Locker` is dropped) and
+//! never blocks a guard. Guards add and remove leases in a shared table under a short mutex;
+//! the task is woken only when a new lease is due before its next scan, so a burst of short
+//! acquire/release pairs costs no task wake-ups at all.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -54,18 +56,44 @@ pub(crate) fn margin(ttl: Duration) -> Duration {
     ttl / 20 + Duration::from_millis(1)
 }
 
-enum Cmd {
-    /// A lease, the send time of the request that took it, and the lease it got then (the
-    /// full ttl, or a shorter grant lease that the first renewal extends).
-    Add(Arc<LeaseInfo>, Instant, Duration),
-    Remove(u64),
-}
-
 struct State {
     info: Arc<LeaseInfo>,
     deadline: Instant,
     next_renew: Instant,
     in_flight: bool,
+}
+
+impl State {
+    /// When the monitor must look at this lease next.
+    fn due(&self) -> Instant {
+        if self.info.watchdog && !self.in_flight {
+            self.deadline.min(self.next_renew)
+        } else {
+            self.deadline
+        }
+    }
+}
+
+/// What guards and the monitor task share.
+struct Shared {
+    table: Mutex<Table>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Table {
+    leases: HashMap<u64, State>,
+    /// The task's next scan; an added lease due earlier wakes it.
+    next_scan: Option<Instant>,
+    /// Set when the task is gone (runtime shutting down) or the `Locker` dropped.
+    closed: bool,
+}
+
+impl Shared {
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // Every critical section is a few map operations; a panic can't leave it torn.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 type Outcome = (
@@ -74,131 +102,165 @@ type Outcome = (
     Result<Vec<bool>, crate::error::BackendError>,
 );
 
-/// Handle to a locker's monitor task.
+/// Handle to a locker's monitor task; dropping it ends the task.
 pub(crate) struct Monitor {
-    tx: mpsc::UnboundedSender<Cmd>,
+    shared: Arc<Shared>,
 }
 
 impl Monitor {
     pub(crate) fn spawn(backend: Arc<Backend>) -> Monitor {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(backend, rx));
-        Monitor { tx }
+        let shared = Arc::new(Shared {
+            table: Mutex::default(),
+            wake: Notify::new(),
+        });
+        tokio::spawn(run(backend, Closer(shared.clone())));
+        Monitor { shared }
     }
 
     /// Starts watching a lease acquired by a request sent at `sent`.
     pub(crate) fn add(&self, info: Arc<LeaseInfo>, sent: Instant, lease: Duration) {
-        if self.tx.send(Cmd::Add(info.clone(), sent, lease)).is_err() {
+        let st = State {
+            deadline: sent + lease - margin(lease),
+            next_renew: sent + lease / 3,
+            in_flight: false,
+            info,
+        };
+        let due = st.due();
+        let mut t = self.shared.table();
+        if t.closed {
             // No monitor (runtime shutting down): nobody can renew, so don't pretend to hold.
-            info.lost.cancel();
+            st.info.lost.cancel();
+            return;
+        }
+        t.leases.insert(st.info.id, st);
+        if t.next_scan.is_none_or(|at| due < at) {
+            t.next_scan = Some(due);
+            drop(t);
+            self.shared.wake.notify_one();
         }
     }
 
-    /// Stops watching (release or drop). Never blocks.
+    /// Stops watching (release or drop). Never blocks; the task is not woken, a scan that
+    /// finds nothing costs nothing.
     pub(crate) fn remove(&self, id: u64) {
-        let _ = self.tx.send(Cmd::Remove(id));
+        self.shared.table().leases.remove(&id);
     }
 }
 
-async fn run(backend: Arc<Backend>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
-    let mut leases: HashMap<u64, State> = HashMap::new();
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.shared.table().closed = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+/// Owned by the task: marks the table closed however the task ends (including its runtime
+/// dropping it), so later leases are reported lost instead of silently unwatched.
+struct Closer(Arc<Shared>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        let mut t = self.0.table();
+        t.closed = true;
+        for st in t.leases.values() {
+            st.info.lost.cancel();
+        }
+        t.leases.clear();
+    }
+}
+
+async fn run(backend: Arc<Backend>, closer: Closer) {
+    let shared = &closer.0;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Outcome>();
-    let far = || Instant::now() + Duration::from_secs(3600);
-    let mut wake = far();
     loop {
+        let mut batches = Vec::new();
+        let wake = {
+            let mut t = shared.table();
+            if t.closed {
+                break;
+            }
+            let now = Instant::now();
+            let mut due: Vec<Renewal> = Vec::new();
+            t.leases.retain(|_, st| {
+                if st.deadline <= now {
+                    declare_lost(&st.info, "no successful renewal before the lease deadline");
+                    return false;
+                }
+                if st.info.watchdog && !st.in_flight && st.next_renew <= now + st.info.ttl / 6 {
+                    st.in_flight = true;
+                    due.push(st.info.clone());
+                }
+                true
+            });
+            while !due.is_empty() {
+                let rest = due.split_off(due.len().min(MAX_BATCH));
+                batches.push(std::mem::replace(&mut due, rest));
+            }
+            let wake = t
+                .leases
+                .values()
+                .map(State::due)
+                .min()
+                .unwrap_or_else(|| now + IDLE_SCAN);
+            t.next_scan = Some(wake);
+            wake
+        };
+        for batch in batches {
+            let backend = backend.clone();
+            let done = done_tx.clone();
+            tokio::spawn(async move {
+                let ids = batch.iter().map(|l| l.id).collect();
+                let sent = Instant::now();
+                let res = backend.renew(&batch).await;
+                let _ = done.send((ids, sent, res));
+            });
+        }
         tokio::select! {
             biased;
-            cmd = rx.recv() => {
-                let Some(cmd) = cmd else { break };
-                apply(&mut leases, cmd, &mut wake);
-                // Drain what else is queued before scanning, so a burst costs one pass.
-                while let Ok(cmd) = rx.try_recv() {
-                    apply(&mut leases, cmd, &mut wake);
-                }
-            }
-            Some((ids, sent, res)) = done_rx.recv() => {
-                let now = Instant::now();
-                match res {
-                    Ok(ok) => {
-                        for (id, renewed) in ids.iter().zip(ok) {
-                            let Some(st) = leases.get_mut(id) else { continue };
-                            st.in_flight = false;
-                            if renewed {
-                                st.deadline = sent + st.info.ttl - margin(st.info.ttl);
-                                st.next_renew = sent + st.info.ttl / 3;
-                            } else {
-                                declare_lost(&st.info, "the lock is held by another owner or expired");
-                                leases.remove(id);
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, leases = ids.len(), "lease renewal failed; retrying before the deadline");
-                        for id in &ids {
-                            let Some(st) = leases.get_mut(id) else { continue };
-                            st.in_flight = false;
-                            let retry = (st.info.ttl / 10).clamp(Duration::from_millis(5), Duration::from_millis(200));
-                            st.next_renew = now + retry;
-                        }
-                    }
-                }
-                wake = now;
-            }
-            () = tokio::time::sleep_until(wake) => {
-                let now = Instant::now();
-                let mut due: Vec<u64> = Vec::new();
-                leases.retain(|_, st| {
-                    if st.deadline <= now {
-                        declare_lost(&st.info, "no successful renewal before the lease deadline");
-                        return false;
-                    }
-                    if st.info.watchdog && !st.in_flight && st.next_renew <= now + st.info.ttl / 6 {
-                        due.push(st.info.id);
-                    }
-                    true
-                });
-                for chunk in due.chunks(MAX_BATCH) {
-                    let batch: Vec<Renewal> = chunk.iter().map(|id| {
-                        let st = leases.get_mut(id).expect("collected above");
-                        st.in_flight = true;
-                        st.info.clone()
-                    }).collect();
-                    let ids = chunk.to_vec();
-                    let backend = backend.clone();
-                    let done = done_tx.clone();
-                    tokio::spawn(async move {
-                        let sent = Instant::now();
-                        let res = backend.renew(&batch).await;
-                        let _ = done.send((ids, sent, res));
-                    });
-                }
-                wake = leases.values().map(|st| {
-                    if st.info.watchdog && !st.in_flight { st.deadline.min(st.next_renew) } else { st.deadline }
-                }).min().unwrap_or_else(far);
-            }
+            () = shared.wake.notified() => {}
+            Some((ids, sent, res)) = done_rx.recv() => apply_outcome(&mut shared.table(), &ids, sent, res),
+            () = tokio::time::sleep_until(wake) => {}
         }
     }
 }
 
-fn apply(leases: &mut HashMap<u64, State>, cmd: Cmd, wake: &mut Instant) {
-    match cmd {
-        Cmd::Add(info, sent, lease) => {
-            let st = State {
-                deadline: sent + lease - margin(lease),
-                next_renew: sent + lease / 3,
-                in_flight: false,
-                info,
-            };
-            let at = if st.info.watchdog {
-                st.next_renew.min(st.deadline)
-            } else {
-                st.deadline
-            };
-            *wake = (*wake).min(at);
-            leases.insert(st.info.id, st);
+/// How long an idle monitor sleeps before looking again (an added lease due earlier wakes it).
+const IDLE_SCAN: Duration = Duration::from_secs(3600);
+
+fn apply_outcome(
+    t: &mut Table,
+    ids: &[u64],
+    sent: Instant,
+    res: Result<Vec<bool>, crate::error::BackendError>,
+) {
+    match res {
+        Ok(ok) => {
+            for (id, renewed) in ids.iter().zip(ok) {
+                let Some(st) = t.leases.get_mut(id) else {
+                    continue;
+                };
+                st.in_flight = false;
+                if renewed {
+                    st.deadline = sent + st.info.ttl - margin(st.info.ttl);
+                    st.next_renew = sent + st.info.ttl / 3;
+                } else {
+                    declare_lost(&st.info, "the lock is held by another owner or expired");
+                    t.leases.remove(id);
+                }
+            }
         }
-        Cmd::Remove(id) => {
-            leases.remove(&id);
+        Err(e) => {
+            tracing::warn!(error = %e, leases = ids.len(), "lease renewal failed; retrying before the deadline");
+            let now = Instant::now();
+            for id in ids {
+                let Some(st) = t.leases.get_mut(id) else {
+                    continue;
+                };
+                st.in_flight = false;
+                let retry =
+                    (st.info.ttl / 10).clamp(Duration::from_millis(5), Duration::from_millis(200));
+                st.next_renew = now + retry;
+            }
         }
     }
 }

@@ -9,17 +9,27 @@
 -- waiter that missed its grant message, finds its own token and gets the same fence back.
 -- Returns {1, fence} when ARGV[1] holds the lock now; {0, pttl} when another owner holds it;
 -- {0, -3} when the lock is free but promised to an earlier waiter.
+-- The uncontended path (free, nobody queued) makes only GET, ZRANGE, INCR and SET: every
+-- other call, TIME included, is read only when its branch needs it.
 local token = ARGV[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local t
+local function time()
+  if not t then t = redis.call('TIME') end
+  return t
+end
+local function now_ms()
+  local tt = time()
+  return tonumber(tt[1]) * 1000 + math.floor(tonumber(tt[2]) / 1000)
+end
 
 local function enqueue()
   local reg = tonumber(ARGV[4])
   if reg <= 0 then return end
   if not redis.call('ZSCORE', KEYS[3], token) then
-    redis.call('ZADD', KEYS[3], tonumber(t[1]) * 1000000 + tonumber(t[2]), token)
+    local tt = time()
+    redis.call('ZADD', KEYS[3], tonumber(tt[1]) * 1000000 + tonumber(tt[2]), token)
   end
-  redis.call('HSET', KEYS[4], token, string.format('%.0f', now + reg) .. ':' .. ARGV[5])
+  redis.call('HSET', KEYS[4], token, string.format('%.0f', now_ms() + reg) .. ':' .. ARGV[5])
   redis.call('PEXPIRE', KEYS[3], reg * 2)
   redis.call('PEXPIRE', KEYS[4], reg * 2)
 end
@@ -35,12 +45,14 @@ if cur then
 end
 
 -- Free. The longest live waiter has precedence; stale registrations are dropped.
+local queued = false
 for _ = 1, 64 do
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if not head then break end
+  queued = true
   local info = redis.call('HGET', KEYS[4], head)
   local expiry = info and tonumber(string.match(info, '^(%d+)'))
-  if expiry and expiry > now then
+  if expiry and expiry > now_ms() then
     if head ~= token then
       enqueue()
       return {0, -3}
@@ -50,14 +62,17 @@ for _ = 1, 64 do
   redis.call('ZREM', KEYS[3], head)
   redis.call('HDEL', KEYS[4], head)
 end
-redis.call('ZREM', KEYS[3], token)
-redis.call('HDEL', KEYS[4], token)
+if queued then
+  redis.call('ZREM', KEYS[3], token)
+  redis.call('HDEL', KEYS[4], token)
+end
 
 -- A live counter increments; a new one starts at the server time in µs, above any fence an
 -- expired counter can have issued (it grew by at most one per acquisition).
 local fence = redis.call('INCR', KEYS[2])
 if fence == 1 then
-  fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local tt = time()
+  fence = tonumber(tt[1]) * 1000000 + tonumber(tt[2])
   redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
 end
 -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.

@@ -1,28 +1,35 @@
--- Releases lock KEYS[1] if owner token ARGV[1] holds it, and drops ARGV[1] from the waiter
--- queue either way (a waiter that gave up). KEYS[2..4], ARGV[3]: as in acquire.lua.
+-- Releases lock KEYS[1] if owner token ARGV[1] holds it; otherwise only drops ARGV[1] from
+-- the waiter queue (a waiter that gave up: a holder is never queued). KEYS[2..4], ARGV[3]:
+-- as in acquire.lua.
 -- If live waiters are queued, the lock goes straight to the longest one, with the lease it
 -- registered, and "g:<token>:<fence>" is published on channel ARGV[2]; otherwise "r".
 -- Never deletes another owner's lock. Returns 0 if ARGV[1] did not hold the lock, 1 if it
 -- was released, 2 if it was released and handed to a waiter.
+-- The plain path (ours, nobody queued) makes only GET, DEL, ZRANGE and PUBLISH.
 local token = ARGV[1]
-redis.call('ZREM', KEYS[3], token)
-redis.call('HDEL', KEYS[4], token)
 local cur = redis.call('GET', KEYS[1])
 if not cur or string.sub(cur, 1, 32) ~= token then
+  -- Not the holder: a waiter that gave up, or a late release. Only its queue place goes.
+  redis.call('ZREM', KEYS[3], token)
+  redis.call('HDEL', KEYS[4], token)
   return 0
 end
 redis.call('DEL', KEYS[1])
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local t, now
 for _ = 1, 64 do
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if not head then break end
+  if not t then
+    t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
   local info = redis.call('HGET', KEYS[4], head)
   redis.call('ZREM', KEYS[3], head)
   redis.call('HDEL', KEYS[4], head)
   local expiry, lease = string.match(info or '', '^(%d+):(%d+)$')
-  if expiry and tonumber(expiry) > now then
+  -- A holder leaves the queue when it takes the lock; never hand the lock back to it.
+  if head ~= token and expiry and tonumber(expiry) > now then
     local fence = redis.call('INCR', KEYS[2])
     if fence == 1 then
       fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
