@@ -11,8 +11,9 @@
 //!
 //! The monitor never outlives the leases' guards (it ends when its `Locker` is dropped) and
 //! never blocks a guard. Guards add and remove leases in a shared table under a short mutex;
-//! the task is woken only when a new lease is due before its next scan, so a burst of short
-//! acquire/release pairs costs no task wake-ups at all.
+//! the task is woken only when a new lease is due before its next scan. An idle task scans
+//! every shortest renewal interval it has seen, so a stream of short acquire/release pairs
+//! costs no task wake-ups at all.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -85,6 +86,9 @@ struct Table {
     leases: HashMap<u64, State>,
     /// The task's next scan; an added lease due earlier wakes it.
     next_scan: Option<Instant>,
+    /// The shortest time from acquire to first look of any lease seen: an idle task scans
+    /// this often, so a stream of acquire/release pairs with the same ttl never wakes it.
+    idle_step: Option<Duration>,
     /// Set when the task is gone (runtime shutting down) or the `Locker` dropped.
     closed: bool,
 }
@@ -126,6 +130,7 @@ impl Monitor {
             info,
         };
         let due = st.due();
+        let step = due.saturating_duration_since(sent);
         let mut t = self.shared.table();
         if t.closed {
             // No monitor (runtime shutting down): nobody can renew, so don't pretend to hold.
@@ -133,6 +138,7 @@ impl Monitor {
             return;
         }
         t.leases.insert(st.info.id, st);
+        t.idle_step = Some(t.idle_step.map_or(step, |s| s.min(step)));
         if t.next_scan.is_none_or(|at| due < at) {
             t.next_scan = Some(due);
             drop(t);
@@ -201,7 +207,7 @@ async fn run(backend: Arc<Backend>, closer: Closer) {
                 .values()
                 .map(State::due)
                 .min()
-                .unwrap_or_else(|| now + IDLE_SCAN);
+                .unwrap_or_else(|| now + t.idle_step.unwrap_or(IDLE_SCAN));
             t.next_scan = Some(wake);
             wake
         };
@@ -224,7 +230,8 @@ async fn run(backend: Arc<Backend>, closer: Closer) {
     }
 }
 
-/// How long an idle monitor sleeps before looking again (an added lease due earlier wakes it).
+/// How long a monitor that has never seen a lease sleeps before looking again (an added lease
+/// due earlier wakes it).
 const IDLE_SCAN: Duration = Duration::from_secs(3600);
 
 fn apply_outcome(

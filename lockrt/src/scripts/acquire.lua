@@ -9,9 +9,28 @@
 -- waiter that missed its grant message, finds its own token and gets the same fence back.
 -- Returns {1, fence} when ARGV[1] holds the lock now; {0, pttl} when another owner holds it;
 -- {0, -3} when the lock is free but promised to an earlier waiter.
--- The uncontended path (free, nobody queued) makes only GET, ZRANGE, INCR and SET: every
--- other call, TIME included, is read only when its branch needs it.
+-- The uncontended path (free, nobody queued) makes only EXISTS, INCR and SET: every other
+-- call, TIME included, is made only when its branch needs it.
 local token = ARGV[1]
+
+-- A live counter increments; a new one starts at the server time in µs, above any fence an
+-- expired counter can have issued (it grew by at most one per acquisition).
+local function take()
+  local fence = redis.call('INCR', KEYS[2])
+  if fence == 1 then
+    local tt = redis.call('TIME')
+    fence = tonumber(tt[1]) * 1000000 + tonumber(tt[2])
+    redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+  end
+  -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
+  redis.call('SET', KEYS[1], token .. ':' .. string.format('%.0f', fence), 'PX', ARGV[2])
+  return {1, fence}
+end
+
+if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+  return take()
+end
+
 local t
 local function time()
   if not t then t = redis.call('TIME') end
@@ -67,14 +86,4 @@ if queued then
   redis.call('HDEL', KEYS[4], token)
 end
 
--- A live counter increments; a new one starts at the server time in µs, above any fence an
--- expired counter can have issued (it grew by at most one per acquisition).
-local fence = redis.call('INCR', KEYS[2])
-if fence == 1 then
-  local tt = time()
-  fence = tonumber(tt[1]) * 1000000 + tonumber(tt[2])
-  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-end
--- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
-redis.call('SET', KEYS[1], token .. ':' .. string.format('%.0f', fence), 'PX', ARGV[2])
-return {1, fence}
+return take()

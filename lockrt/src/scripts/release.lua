@@ -2,10 +2,13 @@
 -- the waiter queue (a waiter that gave up: a holder is never queued). KEYS[2..4], ARGV[3]:
 -- as in acquire.lua.
 -- If live waiters are queued, the lock goes straight to the longest one, with the lease it
--- registered, and "g:<token>:<fence>" is published on channel ARGV[2]; otherwise "r".
+-- registered, and "g:<token>:<fence>" is published on channel ARGV[2]; otherwise "r" when
+-- stale registrations were dropped. With nobody queued nothing is published: every waiter
+-- joins the queue in the same script call that finds the lock busy, so an empty queue means
+-- no waiter to wake (one whose registration went stale still retries on its own timer).
 -- Never deletes another owner's lock. Returns 0 if ARGV[1] did not hold the lock, 1 if it
 -- was released, 2 if it was released and handed to a waiter.
--- The plain path (ours, nobody queued) makes only GET, DEL, ZRANGE and PUBLISH.
+-- The plain path (ours, nobody queued) makes only GET, DEL and ZRANGE.
 local token = ARGV[1]
 local cur = redis.call('GET', KEYS[1])
 if not cur or string.sub(cur, 1, 32) ~= token then
@@ -17,9 +20,11 @@ end
 redis.call('DEL', KEYS[1])
 
 local t, now
+local queued = false
 for _ = 1, 64 do
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if not head then break end
+  queued = true
   if not t then
     t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -41,5 +46,5 @@ for _ = 1, 64 do
     return 2
   end
 end
-redis.call('PUBLISH', ARGV[2], 'r')
+if queued then redis.call('PUBLISH', ARGV[2], 'r') end
 return 1
