@@ -6,32 +6,20 @@
 pub(crate) mod memory;
 pub(crate) mod redis;
 
-use std::sync::LazyLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::BackendError;
 use crate::key::LockKey;
 
-/// An owner token unique to one acquisition: this process's 64-bit random nonce, then a
-/// 64-bit sequence number, as 32 lowercase hex digits (the scripts rely on the fixed length).
-/// Uniqueness is what matters (ownership checks, not secrecy), so one `getrandom` per process
-/// instead of one per acquire. Stored inline: every held lock keeps one.
+/// A fresh 128-bit random owner token, as 32 lowercase hex digits (the scripts rely on the
+/// fixed length). Drawn from the thread-local CSPRNG (seeded and reseeded from the OS), so an
+/// acquire costs no system call. Stored inline: every held lock keeps one.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Token([u8; 32]);
 
-/// This process's token prefix.
-static NONCE: LazyLock<u64> = LazyLock::new(|| {
-    // getrandom failing means the OS has no entropy source; a v4 UUID is the fallback with
-    // random bits from the same crate family rather than a panic.
-    getrandom::u64().unwrap_or_else(|_| uuid::Uuid::new_v4().as_u64_pair().0)
-});
-static NEXT_TOKEN: AtomicU64 = AtomicU64::new(0);
-
 impl Token {
     pub(crate) fn new() -> Token {
-        let seq = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-        let n = (u128::from(*NONCE) << 64) | u128::from(seq);
+        let n: u128 = rand::random();
         let mut hex = [0u8; 32];
         for (i, b) in hex.iter_mut().enumerate() {
             *b = b"0123456789abcdef"[((n >> (124 - 4 * i)) & 0xf) as usize];
@@ -47,10 +35,8 @@ impl Token {
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Part of the process nonce and the sequence number identify it in logs without
-        // handing out the whole credential.
-        let s = self.as_str();
-        write!(f, "Token({}…{})", &s[..8], &s[24..])
+        // A quarter of the token identifies it in logs without handing out the credential.
+        write!(f, "Token({}…)", &self.as_str()[..8])
     }
 }
 
