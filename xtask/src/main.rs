@@ -39,7 +39,19 @@ fn demo(args: &[String]) -> Result<(), String> {
     if std::env::var_os("REDIS_URL").is_none() {
         ensure_redis_server()?;
     }
-    cargo(&["run", "--release", "--example", "seckill", "--"], args)
+    cargo(
+        &["run", "--release", "--example", "seckill", "--"],
+        demo_args(args),
+    )
+}
+
+/// The demo's own arguments: `cargo xtask demo -- --no-lock` means the same as
+/// `cargo xtask demo --no-lock`, so a leading `--` is not passed on.
+fn demo_args(args: &[String]) -> &[String] {
+    match args.split_first() {
+        Some((first, rest)) if first == "--" => rest,
+        _ => args,
+    }
 }
 
 fn test(args: &[String]) -> Result<(), String> {
@@ -113,5 +125,18 @@ fn ensure_redis_server() -> Result<(), String> {
         Ok(())
     } else {
         Err("redis-server still not found after installing it".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::demo_args;
+
+    #[test]
+    fn demo_takes_its_arguments_with_or_without_a_separator() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(demo_args(&v(&["--", "--no-lock"])), v(&["--no-lock"]));
+        assert_eq!(demo_args(&v(&["--no-lock"])), v(&["--no-lock"]));
+        assert!(demo_args(&v(&[])).is_empty());
     }
 }
