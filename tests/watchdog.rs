@@ -49,3 +49,30 @@ both! {
         assert!(took > ms(200), "loss declared early, after {took:?}");
     }
 }
+
+both! {
+    async fn a_short_lease_after_long_ones_is_still_renewed(fx) {
+        // Long leases make the idle monitor scan rarely (every ttl/3 = 10 s); a later short
+        // lease is due long before that scan and must wake it, or it would expire unrenewed.
+        let locker = fx.locker().await;
+        for _ in 0..3 {
+            locker.acquire("idle", opts().ttl(ms(30_000))).await.unwrap().release().await.unwrap();
+        }
+        // Give the monitor task (on another worker) time for the scan that sets its idle
+        // interval; the monitor exposes no event for it, and this only makes the test stricter.
+        tokio::time::sleep(ms(50)).await;
+        let body = async {
+            let start = Instant::now();
+            let mut min_pttl = Duration::MAX;
+            while start.elapsed() < ms(1_200) {
+                let pttl = fx.pttl("short").await.expect("lock key must exist while the body runs");
+                min_pttl = min_pttl.min(pttl);
+                tokio::time::sleep(ms(25)).await;
+            }
+            min_pttl
+        };
+        let min_pttl = locker.run("short", opts().ttl(ms(300)), body).await.unwrap();
+        assert!(min_pttl > Duration::ZERO, "lease ran out: {min_pttl:?}");
+        assert!(fx.pttl("short").await.is_none(), "key left after the body ended");
+    }
+}

@@ -130,7 +130,8 @@ impl Monitor {
             info,
         };
         let due = st.due();
-        let step = due.saturating_duration_since(sent);
+        // Never scan idle more often than MIN_IDLE_STEP: shorter leases just wake the task.
+        let step = due.saturating_duration_since(sent).max(MIN_IDLE_STEP);
         let mut t = self.shared.table();
         if t.closed {
             // No monitor (runtime shutting down): nobody can renew, so don't pretend to hold.
@@ -229,6 +230,10 @@ async fn run(backend: Arc<Backend>, closer: Closer) {
         }
     }
 }
+
+/// The shortest idle scan interval, so a locker that once held a very short lease does not
+/// keep waking often while idle.
+const MIN_IDLE_STEP: Duration = Duration::from_millis(100);
 
 /// How long a monitor that has never seen a lease sleeps before looking again (an added lease
 /// due earlier wakes it).
