@@ -54,7 +54,7 @@ impl LockKey {
         Aux::new(&self.tag, ":fence")
     }
 
-    /// `{lock}:rel`: the pub/sub channel a release is announced on.
+    /// `{lock}:rel`: the pub/sub channel hand-overs (and releases with waiters queued) go out on.
     pub(crate) fn channel(&self) -> Aux<'_> {
         Aux::new(&self.tag, CHANNEL_SUFFIX)
     }
