@@ -4,9 +4,9 @@
 //! Each lease has a local deadline on the monotonic clock: the send time of the last successful
 //! acquire or renewal, plus ttl, minus a safety margin. The server cannot have expired the lock
 //! before that instant, so declaring loss there is never late, even when Redis is unreachable.
-//! Renewals are due every ttl/3; leases due within the next ttl/6 are renewed in the same batch
-//! (one script call for many locks), which keeps the number of round trips per period near
-//! `held / batch size`. A transient renewal error is retried soon, but never moves the deadline.
+//! A renewal is due a third of the way into the current lease (every ttl/3 once renewed);
+//! leases due within a sixth of theirs are renewed in the same batch (one script call for many
+//! locks), which keeps the number of round trips per period near `held / batch size`. A transient renewal error is retried soon, but never moves the deadline.
 //! A "not yours" answer or a passed deadline marks the lease lost.
 //!
 //! The monitor never outlives the leases' guards (it ends when its `Locker` is dropped) and
@@ -61,6 +61,9 @@ struct State {
     info: Arc<LeaseInfo>,
     deadline: Instant,
     next_renew: Instant,
+    /// Leases due within this much of a scan are renewed in the same batch: a sixth of the
+    /// current lease, so a short first lease (a granted waiter's) is not renewed at once.
+    window: Duration,
     in_flight: bool,
 }
 
@@ -126,6 +129,7 @@ impl Monitor {
         let st = State {
             deadline: sent + lease - margin(lease),
             next_renew: sent + lease / 3,
+            window: lease / 6,
             in_flight: false,
             info,
         };
@@ -193,7 +197,7 @@ async fn run(backend: Arc<Backend>, closer: Closer) {
                     declare_lost(&st.info, "no successful renewal before the lease deadline");
                     return false;
                 }
-                if st.info.watchdog && !st.in_flight && st.next_renew <= now + st.info.ttl / 6 {
+                if st.info.watchdog && !st.in_flight && st.next_renew <= now + st.window {
                     st.in_flight = true;
                     due.push(st.info.clone());
                 }
@@ -255,6 +259,7 @@ fn apply_outcome(
                 if renewed {
                     st.deadline = sent + st.info.ttl - margin(st.info.ttl);
                     st.next_renew = sent + st.info.ttl / 3;
+                    st.window = st.info.ttl / 6;
                 } else {
                     declare_lost(&st.info, "the lock is held by another owner or expired");
                     t.leases.remove(id);
