@@ -131,12 +131,9 @@ async fn thousand_cancelled_acquires_leave_no_lock_renewal_or_subscription() {
 
     // No renewals continue: the script counters stay still once everything is released.
     let evals = async |conn: &mut redis::aio::MultiplexedConnection| -> String {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(conn)
+        support::commandstats(conn)
             .await
-            .unwrap();
-        info.lines()
+            .lines()
             .filter(|l| l.starts_with("cmdstat_eval"))
             .map(|l| l.split(",usec=").next().unwrap().to_owned())
             .collect()

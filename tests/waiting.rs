@@ -172,14 +172,8 @@ async fn waiter_survives_a_dropped_subscriber_connection() {
             .await
             .map(|g| g.fence())
     });
-    let numsub = async |conn: &mut redis::aio::MultiplexedConnection| -> u64 {
-        let v: Vec<(String, u64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("{lock:resub}:rel")
-            .query_async(conn)
-            .await
-            .unwrap();
-        v[0].1
+    let numsub = async |conn: &mut redis::aio::MultiplexedConnection| {
+        support::numsub(conn, "{lock:resub}:rel").await
     };
     let start = Instant::now();
     while numsub(&mut conn).await != 1 {
@@ -208,4 +202,49 @@ async fn waiter_survives_a_dropped_subscriber_connection() {
         "hand-off took {:?}",
         released.elapsed()
     );
+}
+
+/// Under steady contention a channel stays subscribed between waits (no `SUBSCRIBE` round
+/// trip per wait), and is still unsubscribed soon after the waits stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_lingers_between_waits_then_goes() {
+    let fx = support::Fx::redis();
+    let holder = fx.locker().await;
+    let waiter = fx.locker().await;
+    let mut conn = fx.conn().await;
+    let subscribes = async |conn: &mut redis::aio::MultiplexedConnection| -> u64 {
+        support::commandstats(conn)
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_subscribe:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        let g = holder.acquire("linger", opts()).await.unwrap();
+        let w = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move { waiter.acquire("linger", opts().wait(ms(5_000))).await })
+        };
+        // The waiter is queued in Redis once its first attempt failed.
+        let start = Instant::now();
+        while conn.zcard::<_, u64>("{lock:linger}:q").await.unwrap() == 0 {
+            assert!(start.elapsed() < ms(3_000), "waiter never queued");
+            tokio::time::sleep(ms(2)).await;
+        }
+        g.release().await.unwrap();
+        w.await.unwrap().unwrap().release().await.unwrap();
+        counts.push(subscribes(&mut conn).await);
+    }
+    assert!(counts[0] >= 1, "the first wait subscribed: {counts:?}");
+    assert_eq!(
+        counts[0], counts[2],
+        "later waits subscribed again: {counts:?}"
+    );
+    let start = Instant::now();
+    while support::numsub(&mut conn, "{lock:linger}:rel").await != 0 {
+        assert!(start.elapsed() < ms(3_000), "channel still subscribed");
+        tokio::time::sleep(ms(20)).await;
+    }
 }

@@ -4,7 +4,8 @@
 //! a FIFO turn (a one-permit fair semaphore) so that its own callers contend in arrival order
 //! and only one of them talks to Redis at a time, and a [`Notify`] woken by release messages.
 //! Release messages arrive over one pub/sub connection per `Locker`, owned by one task that
-//! subscribes a channel when its first listener appears and unsubscribes when the last goes.
+//! subscribes a channel when its first listener appears and unsubscribes `LINGER` after the
+//! last goes (under steady contention the next wait starts long before, and skips a round trip).
 //! Listeners subscribe *before* their retry, so a release between the failed attempt and the
 //! wait cannot be missed. Entries and subscriptions are removed as soon as nobody uses them:
 //! this module must never leak a subscription or an entry, and never blocks in `Drop`.
@@ -22,6 +23,10 @@ use tokio::time::Instant;
 
 use crate::error::BackendError;
 use crate::key::{CHANNEL_SUFFIX, tag_of_channel};
+
+/// How long a channel stays subscribed after its last listener left: a wait that starts
+/// within it needs no `SUBSCRIBE` round trip.
+const LINGER: Duration = Duration::from_millis(500);
 
 /// The release channel of the lock with this tag.
 fn channel_of(tag: &str) -> String {
@@ -297,6 +302,8 @@ async fn pubsub_task(
     let mut conn: Option<(PubSubSink, PubSubStream)> = None;
     // Tags whose release channel is subscribed.
     let mut subscribed: HashSet<Arc<str>> = HashSet::new();
+    // Subscribed tags without listeners, and when to unsubscribe them.
+    let mut lingering: HashMap<Arc<str>, Instant> = HashMap::new();
     let mut reconnect_at: Option<tokio::time::Instant> = None;
     let err = |m: String| {
         let m = match remote.secret.as_deref() {
@@ -312,6 +319,13 @@ async fn pubsub_task(
                 None => std::future::pending().await,
             }
         };
+        let linger_end = lingering.values().min().copied();
+        let unlinger = async {
+            match linger_end {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let next_msg = async {
             match conn.as_mut() {
                 Some((_, stream)) => stream.next().await,
@@ -323,6 +337,7 @@ async fn pubsub_task(
                 let Some(cmd) = cmd else { break };
                 match cmd {
                     SubCmd::Subscribe(tag, reply) => {
+                        lingering.remove(&tag);
                         let res = subscribe(&remote, &mut conn, &mut subscribed, &shared, &tag).await
                             .map_err(err);
                         if res.is_err() {
@@ -331,17 +346,31 @@ async fn pubsub_task(
                         let _ = reply.send(res);
                     }
                     SubCmd::Unsubscribe(tag) => {
-                        let Some(sh) = shared.upgrade() else { break };
-                        let wanted = sh.entries().get(&tag).is_some_and(|e| e.listeners.load(Ordering::Relaxed) > 0);
-                        drop(sh);
-                        if !wanted
-                            && subscribed.remove(&tag)
-                            && let Some((sink, _)) = conn.as_mut()
-                            && tokio::time::timeout(remote.timeout, sink.unsubscribe(channel_of(&tag))).await.is_err()
-                        {
-                            conn = None;
-                            subscribed.clear();
+                        if subscribed.contains(&tag) {
+                            lingering.insert(tag, Instant::now() + LINGER);
                         }
+                    }
+                }
+            }
+            () = unlinger => {
+                let Some(sh) = shared.upgrade() else { break };
+                let now = Instant::now();
+                let due: Vec<Arc<str>> = lingering.iter()
+                    .filter(|(_, at)| **at <= now)
+                    .map(|(tag, _)| tag.clone())
+                    .collect();
+                for tag in due {
+                    lingering.remove(&tag);
+                    let wanted = sh.entries().get(&tag).is_some_and(|e| e.listeners.load(Ordering::Relaxed) > 0);
+                    if !wanted
+                        && subscribed.remove(&tag)
+                        && let Some((sink, _)) = conn.as_mut()
+                        && tokio::time::timeout(remote.timeout, sink.unsubscribe(channel_of(&tag))).await.is_err()
+                    {
+                        conn = None;
+                        subscribed.clear();
+                        lingering.clear();
+                        break;
                     }
                 }
             }
@@ -360,6 +389,7 @@ async fn pubsub_task(
                         tracing::warn!(addr = %remote.addr, "lost the pub/sub connection; reconnecting");
                         conn = None;
                         subscribed.clear();
+                        lingering.clear();
                         reconnect_at = Some(tokio::time::Instant::now());
                         // Releases may have been missed: let every waiter retry now.
                         wake_all(&sh);

@@ -119,6 +119,26 @@ macro_rules! both {
     };
 }
 
+/// `PUBSUB NUMSUB` of one channel: how many connections are subscribed to it.
+pub async fn numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> u64 {
+    let v: Vec<(String, u64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(conn)
+        .await
+        .expect("PUBSUB NUMSUB");
+    v[0].1
+}
+
+/// `INFO commandstats`, one `cmdstat_<name>:calls=..,usec=..` line per command run so far.
+pub async fn commandstats(conn: &mut redis::aio::MultiplexedConnection) -> String {
+    redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats")
+}
+
 /// Waits (bounded) until `cond` holds, for state that settles right after a background step
 /// (a release spawned by `Drop`). Panics with `what` if it doesn't within 2 s.
 pub async fn eventually(mut cond: impl FnMut() -> bool, what: &str) {
