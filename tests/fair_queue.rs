@@ -164,3 +164,34 @@ async fn a_dead_waiter_blocks_the_lock_only_for_its_short_grant_lease() {
     );
     g2.release().await.unwrap();
 }
+
+/// A grant message that arrives after its lease could have run out (or a forged one) must not
+/// make a waiter a second holder: a waiter accepts only a grant whose fence is above the
+/// fencing counter its own attempts saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_grant_message_does_not_make_a_second_holder() {
+    let fx = Fx::redis();
+    let (a, b) = (fx.locker().await, fx.locker().await);
+    let mut conn = fx.conn().await;
+    let g = a.acquire("stale", opts()).await.unwrap();
+    let mut w = tokio::spawn(async move { b.acquire("stale", opts().wait(ms(5_000))).await });
+    until_queued(&mut conn, "stale", 1).await;
+    let start = Instant::now();
+    while support::numsub(&mut conn, "{lock:stale}:rel").await == 0 {
+        assert!(start.elapsed() < ms(3_000), "waiter never subscribed");
+        tokio::time::sleep(ms(2)).await;
+    }
+    let tokens: Vec<String> = conn.zrange("{lock:stale}:q", 0, 0).await.unwrap();
+    // A grant to the waiter with the current holder's fence: older than what it has seen.
+    let stale = format!("g:{}:{}", tokens[0], g.fence());
+    let receivers: u64 = conn.publish("{lock:stale}:rel", stale).await.unwrap();
+    assert_eq!(receivers, 1);
+    assert!(
+        tokio::time::timeout(ms(300), &mut w).await.is_err(),
+        "the waiter took a stale grant while the lock is held"
+    );
+    let first = g.fence();
+    g.release().await.unwrap();
+    let held = w.await.unwrap().expect("acquired after the real release");
+    assert!(held.fence() > first);
+}

@@ -180,9 +180,11 @@ impl LockerBuilder {
         self
     }
 
-    /// How long a key's fencing counter is kept after its last acquisition (default 24 h).
-    /// Fences stay increasing after it is dropped as long as the Redis server's clock doesn't
-    /// step back by more than this.
+    /// How long a key's fencing counter lives from its creation (default 24 h): the state a
+    /// key leaves behind is bounded by it. The next counter starts at the Redis server's time
+    /// in µs, above every fence the old one issued (it started at the server time of its own
+    /// creation and grew by one per acquisition), unless the server's clock stepped back by
+    /// about this long or the key averaged more than one acquisition per µs.
     pub fn fence_retention(mut self, t: Duration) -> Self {
         self.fence_retention = t;
         self
@@ -556,16 +558,26 @@ impl Locker {
             }
         };
         let mut lease = ttl;
+        // A grant whose fence is not above a counter an attempt saw is stale: its message
+        // came so late that the granted lease had run out before that attempt.
+        let mut seen_counter = match attempt {
+            Attempt::Held { counter, .. } => counter,
+            Attempt::Acquired { .. } => 0,
+        };
         if let Some(listener) = &listener {
             // Subscribed now: retry once, then after every release message (or fallback).
             loop {
                 let notified = listener.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                if let Some(grant) = listener.take_grant(token.as_str()) {
-                    (attempt, sent, lease) = (
+                if let Some(grant) = listener.take_grant(token.as_str())
+                    && grant.fence > seen_counter
+                {
+                    // The granted lease started when the release ran, which was after `sent`
+                    // (that attempt still found the lock busy): counting from `sent` keeps the
+                    // local deadline early however late the message arrived.
+                    (attempt, lease) = (
                         Attempt::Acquired { fence: grant.fence },
-                        grant.at,
                         grant_lease(queue, ttl),
                     );
                     break;
@@ -573,7 +585,10 @@ impl Locker {
                 (attempt, sent) = self.attempt(&key, &token, ttl, queue).await?;
                 let pttl = match attempt {
                     Attempt::Acquired { .. } => break,
-                    Attempt::Held { pttl } => pttl,
+                    Attempt::Held { pttl, counter } => {
+                        seen_counter = seen_counter.max(counter);
+                        pttl
+                    }
                 };
                 let now = Instant::now();
                 if deadline.is_some_and(|d| now >= d) {

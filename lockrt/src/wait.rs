@@ -46,8 +46,6 @@ pub(crate) struct Entry {
 pub(crate) struct Grant {
     pub(crate) token: String,
     pub(crate) fence: u64,
-    /// When the message arrived: the start of the granted lease, as far as this host knows.
-    pub(crate) at: Instant,
 }
 
 /// Grants kept per key at most: only this locker's head waiter claims one, the rest are
@@ -55,7 +53,7 @@ pub(crate) struct Grant {
 const MAX_GRANTS: usize = 8;
 
 impl Entry {
-    fn deliver(&self, payload: &[u8], at: Instant) {
+    fn deliver(&self, payload: &[u8]) {
         if let Some(rest) = payload.strip_prefix(b"g:")
             && rest.len() > 33
             && rest[32] == b':'
@@ -73,7 +71,6 @@ impl Entry {
             grants.push(Grant {
                 token: token.to_owned(),
                 fence,
-                at,
             });
         }
         self.notify.notify_waiters();
@@ -367,9 +364,12 @@ async fn pubsub_task(
                         && let Some((sink, _)) = conn.as_mut()
                         && tokio::time::timeout(remote.timeout, sink.unsubscribe(channel_of(&tag))).await.is_err()
                     {
+                        // The connection is unusable: reconnect at once and resubscribe the
+                        // channels that still have listeners.
                         conn = None;
                         subscribed.clear();
                         lingering.clear();
+                        reconnect_at = Some(tokio::time::Instant::now());
                         break;
                     }
                 }
@@ -378,11 +378,10 @@ async fn pubsub_task(
                 let Some(sh) = shared.upgrade() else { break };
                 match msg {
                     Some(msg) => {
-                        let at = Instant::now();
                         if let Some(tag) = tag_of_channel(msg.get_channel_name())
                             && let Some(e) = sh.entries().get(tag)
                         {
-                            e.deliver(msg.get_payload_bytes(), at);
+                            e.deliver(msg.get_payload_bytes());
                         }
                     }
                     None => {

@@ -56,6 +56,7 @@ impl MemoryBackend {
             }
             return Attempt::Held {
                 pttl: Some(h.expires - now),
+                counter: st.last_fence,
             };
         }
         st.last_fence += 1;

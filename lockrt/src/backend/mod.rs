@@ -12,14 +12,19 @@ use crate::error::BackendError;
 use crate::key::LockKey;
 
 /// A fresh 128-bit random owner token, as 32 lowercase hex digits (the scripts rely on the
-/// fixed length). Drawn from the thread-local CSPRNG (seeded and reseeded from the OS), so an
-/// acquire costs no system call. Stored inline: every held lock keeps one.
+/// fixed length). Read from the OS for every acquisition (one `getrandom` call): a user-space
+/// generator would repeat its sequence in forked processes or a restored VM snapshot, and two
+/// owners with one token would both "hold" the lock. Stored inline: every held lock keeps one.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Token([u8; 32]);
 
 impl Token {
     pub(crate) fn new() -> Token {
-        let n: u128 = rand::random();
+        let mut bytes = [0u8; 16];
+        let n = match getrandom::fill(&mut bytes) {
+            Ok(()) => u128::from_le_bytes(bytes),
+            Err(e) => unique_fallback(e),
+        };
         let mut hex = [0u8; 32];
         for (i, b) in hex.iter_mut().enumerate() {
             *b = b"0123456789abcdef"[((n >> (124 - 4 * i)) & 0xf) as usize];
@@ -31,6 +36,20 @@ impl Token {
         // Only hex digits are ever stored.
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
+}
+
+/// A token when the OS has no randomness to give (never seen on supported systems): unique
+/// rather than random, from the wall clock in ns, the process id and a counter, so owners still
+/// never share one.
+fn unique_fallback(e: getrandom::Error) -> u128 {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    WARNED.call_once(|| tracing::warn!(error = %e, "no OS randomness; owner tokens fall back to clock, pid and counter"));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (u128::from(nanos) << 64) | (u128::from(std::process::id()) << 32) | u128::from(seq)
 }
 
 impl std::fmt::Debug for Token {
@@ -46,7 +65,12 @@ pub(crate) enum Attempt {
     /// The token holds the lock now, with this fence.
     Acquired { fence: u64 },
     /// Another owner holds it; its remaining lease, when it has one.
-    Held { pttl: Option<Duration> },
+    Held {
+        pttl: Option<Duration>,
+        /// The key's fencing counter when the attempt ran: a grant with a fence not above it
+        /// ran out before the attempt (0 when unknown).
+        counter: u64,
+    },
 }
 
 /// How a failed attempt joins the lock's waiter queue.

@@ -131,7 +131,7 @@ impl RedisBackend {
         let (register, grant) =
             queue.map_or((0, 0), |q| (millis(q.register), millis(q.grant_lease)));
         let mut conn = self.conn.clone();
-        let (held, n): (i64, i64) = ACQUIRE
+        let reply: Vec<i64> = ACQUIRE
             .key(key.lock())
             .key(key.fence())
             .key(key.queue())
@@ -144,7 +144,8 @@ impl RedisBackend {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&e))?;
-        Ok(if held == 1 {
+        let n = reply.get(1).copied().unwrap_or(0);
+        Ok(if reply.first() == Some(&1) {
             Attempt::Acquired {
                 fence: u64::try_from(n).unwrap_or(0),
             }
@@ -152,6 +153,10 @@ impl RedisBackend {
             // -1: a key without expiry (not ours); -3: free but promised to an earlier waiter.
             Attempt::Held {
                 pttl: u64::try_from(n).ok().map(Duration::from_millis),
+                counter: reply
+                    .get(2)
+                    .and_then(|&c| u64::try_from(c).ok())
+                    .unwrap_or(0),
             }
         })
     }

@@ -7,8 +7,10 @@
 -- it is granted on release is ARGV[5] ms.
 -- The lock's value is "<token>:<fence>": a retry of an acquire whose reply was lost, or a
 -- waiter that missed its grant message, finds its own token and gets the same fence back.
--- Returns {1, fence} when ARGV[1] holds the lock now; {0, pttl} when another owner holds it;
--- {0, -3} when the lock is free but promised to an earlier waiter.
+-- Returns {1, fence} when ARGV[1] holds the lock now; {0, pttl, counter} when another owner
+-- holds it; {0, -3, counter} when the lock is free but promised to an earlier waiter. `counter`
+-- is the fencing counter's value: a grant to ARGV[1] with a fence not above it is stale (its
+-- lease ran out before this call, or this call would have found ARGV[1] holding the lock).
 -- The uncontended path (free, nobody queued) makes only EXISTS, INCR and SET: every other
 -- call, TIME included, is made only when its branch needs it.
 local token = ARGV[1]
@@ -41,6 +43,10 @@ local function now_ms()
   return tonumber(tt[1]) * 1000 + math.floor(tonumber(tt[2]) / 1000)
 end
 
+local function counter()
+  return tonumber(redis.call('GET', KEYS[2]) or '0')
+end
+
 local function enqueue()
   local reg = tonumber(ARGV[4])
   if reg <= 0 then return end
@@ -60,7 +66,7 @@ if cur then
     return {1, tonumber(string.sub(cur, 34))}
   end
   enqueue()
-  return {0, redis.call('PTTL', KEYS[1])}
+  return {0, redis.call('PTTL', KEYS[1]), counter()}
 end
 
 -- Free. The longest live waiter has precedence; stale registrations are dropped.
@@ -74,7 +80,7 @@ for _ = 1, 64 do
   if expiry and expiry > now_ms() then
     if head ~= token then
       enqueue()
-      return {0, -3}
+      return {0, -3, counter()}
     end
     break
   end
