@@ -12,12 +12,16 @@ use super::{Attempt, Queueing, Released, Renewal, Token, millis};
 use crate::error::BackendError;
 use crate::key::LockKey;
 
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
-static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
+/// Functions the scripts share (`owns`, `take_lock`), prepended to each.
+const PRELUDE: &str = include_str!("../scripts/lock.lua");
+
+fn script(body: &str) -> Script {
+    Script::new(&[PRELUDE, body].concat())
+}
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("../scripts/acquire.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("../scripts/renew.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("../scripts/release.lua")));
 
 /// Timeouts for talking to Redis.
 #[derive(Debug, Clone, Copy)]

@@ -1,3 +1,4 @@
+-- (lock.lua comes first: `now_us`, `now_ms`, `owns`, `take_lock`.)
 -- Takes lock KEYS[1] for owner token ARGV[1] (32 hex chars) with a lease of ARGV[2] ms.
 -- KEYS[2]: the lock's fencing counter, created with a lifetime of ARGV[3] ms.
 -- KEYS[3], KEYS[4]: the lock's waiter queue (zset token -> arrival) and waiter details
@@ -15,32 +16,8 @@
 -- call, TIME included, is made only when its branch needs it.
 local token = ARGV[1]
 
--- A live counter increments; a new one starts at the server time in µs, above any fence an
--- expired counter can have issued (it grew by at most one per acquisition).
-local function take()
-  local fence = redis.call('INCR', KEYS[2])
-  if fence == 1 then
-    local tt = redis.call('TIME')
-    fence = tonumber(tt[1]) * 1000000 + tonumber(tt[2])
-    redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-  end
-  -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
-  redis.call('SET', KEYS[1], token .. ':' .. string.format('%.0f', fence), 'PX', ARGV[2])
-  return {1, fence}
-end
-
 if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
-  return take()
-end
-
-local t
-local function time()
-  if not t then t = redis.call('TIME') end
-  return t
-end
-local function now_ms()
-  local tt = time()
-  return tonumber(tt[1]) * 1000 + math.floor(tonumber(tt[2]) / 1000)
+  return {1, (take_lock(token, ARGV[2]))}
 end
 
 local function counter()
@@ -51,8 +28,7 @@ local function enqueue()
   local reg = tonumber(ARGV[4])
   if reg <= 0 then return end
   if not redis.call('ZSCORE', KEYS[3], token) then
-    local tt = time()
-    redis.call('ZADD', KEYS[3], tonumber(tt[1]) * 1000000 + tonumber(tt[2]), token)
+    redis.call('ZADD', KEYS[3], now_us(), token)
   end
   redis.call('HSET', KEYS[4], token, string.format('%.0f', now_ms() + reg) .. ':' .. ARGV[5])
   redis.call('PEXPIRE', KEYS[3], reg * 2)
@@ -61,7 +37,7 @@ end
 
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  if string.sub(cur, 1, 32) == token then
+  if owns(cur, token) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(string.sub(cur, 34))}
   end
@@ -92,4 +68,4 @@ if queued then
   redis.call('HDEL', KEYS[4], token)
 end
 
-return take()
+return {1, (take_lock(token, ARGV[2]))}

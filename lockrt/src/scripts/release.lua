@@ -1,3 +1,4 @@
+-- (lock.lua comes first: `now_ms`, `owns`, `take_lock`.)
 -- Releases lock KEYS[1] if owner token ARGV[1] holds it; otherwise only drops ARGV[1] from
 -- the waiter queue (a waiter that gave up: a holder is never queued). KEYS[2..4], ARGV[3]:
 -- as in acquire.lua.
@@ -11,7 +12,7 @@
 -- The plain path (ours, nobody queued) makes only GET, DEL and ZRANGE.
 local token = ARGV[1]
 local cur = redis.call('GET', KEYS[1])
-if not cur or string.sub(cur, 1, 32) ~= token then
+if not owns(cur, token) then
   -- Not the holder: a waiter that gave up, or a late release. Only its queue place goes.
   redis.call('ZREM', KEYS[3], token)
   redis.call('HDEL', KEYS[4], token)
@@ -19,29 +20,18 @@ if not cur or string.sub(cur, 1, 32) ~= token then
 end
 redis.call('DEL', KEYS[1])
 
-local t, now
 local queued = false
 for _ = 1, 64 do
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if not head then break end
   queued = true
-  if not t then
-    t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
   local info = redis.call('HGET', KEYS[4], head)
   redis.call('ZREM', KEYS[3], head)
   redis.call('HDEL', KEYS[4], head)
   local expiry, lease = string.match(info or '', '^(%d+):(%d+)$')
   -- A holder leaves the queue when it takes the lock; never hand the lock back to it.
-  if head ~= token and expiry and tonumber(expiry) > now then
-    local fence = redis.call('INCR', KEYS[2])
-    if fence == 1 then
-      fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-    end
-    local f = string.format('%.0f', fence)
-    redis.call('SET', KEYS[1], head .. ':' .. f, 'PX', lease)
+  if head ~= token and expiry and tonumber(expiry) > now_ms() then
+    local _, f = take_lock(head, lease)
     redis.call('PUBLISH', ARGV[2], 'g:' .. head .. ':' .. f)
     return 2
   end
