@@ -6,8 +6,9 @@
 //! before that instant, so declaring loss there is never late, even when Redis is unreachable.
 //! A renewal is due a third of the way into the current lease (every ttl/3 once renewed);
 //! leases due within a sixth of theirs are renewed in the same batch (one script call for many
-//! locks), which keeps the number of round trips per period near `held / batch size`. A transient renewal error is retried soon, but never moves the deadline.
-//! A "not yours" answer or a passed deadline marks the lease lost.
+//! locks), which keeps the number of round trips per period near `held / batch size`. A
+//! transient renewal error is retried soon, but never moves the deadline. A "not yours"
+//! answer or a passed deadline marks the lease lost.
 //!
 //! The monitor never outlives the leases' guards (it ends when its `Locker` is dropped) and
 //! never blocks a guard. Guards add and remove leases in a shared table under a short mutex;

@@ -53,6 +53,11 @@ pub(crate) struct Grant {
 const MAX_GRANTS: usize = 8;
 
 impl Entry {
+    /// Whether a waiter of this locker is listening for the key's release messages.
+    fn listened(&self) -> bool {
+        self.listeners.load(Ordering::Relaxed) > 0
+    }
+
     fn deliver(&self, payload: &[u8]) {
         if let Some(rest) = payload.strip_prefix(b"g:")
             && rest.len() > 33
@@ -177,7 +182,7 @@ impl Notifier {
         self.shared
             .entries()
             .values()
-            .filter(|e| e.listeners.load(Ordering::Relaxed) > 0)
+            .filter(|e| e.listened())
             .count()
     }
 }
@@ -358,7 +363,7 @@ async fn pubsub_task(
                     .collect();
                 for tag in due {
                     lingering.remove(&tag);
-                    let wanted = sh.entries().get(&tag).is_some_and(|e| e.listeners.load(Ordering::Relaxed) > 0);
+                    let wanted = sh.entries().get(&tag).is_some_and(|e| e.listened());
                     if !wanted
                         && subscribed.remove(&tag)
                         && let Some((sink, _)) = conn.as_mut()
@@ -399,7 +404,7 @@ async fn pubsub_task(
                 reconnect_at = None;
                 let Some(sh) = shared.upgrade() else { break };
                 let wanted: Vec<Arc<str>> = sh.entries().iter()
-                    .filter(|(_, e)| e.listeners.load(Ordering::Relaxed) > 0)
+                    .filter(|(_, e)| e.listened())
                     .map(|(tag, _)| tag.clone())
                     .collect();
                 drop(sh);
