@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use support::{Fx, ms, opts};
-use tokio::time::Instant;
 
 /// Deterministic pseudo-random numbers (xorshift), so a failure can be replayed.
 struct Rng(u64);
@@ -18,14 +17,6 @@ impl Rng {
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0 % n
-    }
-}
-
-async fn settle<F: AsyncFnMut() -> bool>(mut done: F, what: &str) {
-    let start = Instant::now();
-    while !done().await {
-        assert!(start.elapsed() < ms(3_000), "{what}");
-        tokio::time::sleep(ms(10)).await;
     }
 }
 
@@ -75,7 +66,7 @@ async fn thousand_cancelled_acquires_leave_no_lock_renewal_or_subscription() {
     held.release().await.unwrap();
 
     let mut conn = fx.conn().await;
-    settle(
+    support::settle(
         async || {
             let keys: Vec<String> = conn.keys("lock:*").await.unwrap();
             keys.is_empty()
@@ -83,7 +74,7 @@ async fn thousand_cancelled_acquires_leave_no_lock_renewal_or_subscription() {
         "lock keys left behind",
     )
     .await;
-    settle(
+    support::settle(
         async || {
             let keys: Vec<String> = conn.keys("{lock:storm:*}:[qw]").await.unwrap();
             keys.is_empty()
@@ -91,7 +82,7 @@ async fn thousand_cancelled_acquires_leave_no_lock_renewal_or_subscription() {
         "waiter queues left behind",
     )
     .await;
-    settle(
+    support::settle(
         async || {
             let chans: Vec<String> = redis::cmd("PUBSUB")
                 .arg("CHANNELS")
@@ -116,7 +107,7 @@ async fn thousand_cancelled_acquires_leave_no_lock_renewal_or_subscription() {
         .unwrap();
     assert!(numsub.iter().all(|(_, n)| *n == 0), "{numsub:?}");
     for l in &lockers {
-        settle(
+        support::settle(
             async || l.stats().held == 0 && l.stats().keys == 0,
             &format!("locker state left behind: {:?}", l.stats()),
         )

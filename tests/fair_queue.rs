@@ -6,23 +6,8 @@ mod support;
 use std::sync::{Arc, Mutex};
 
 use redis::AsyncCommands;
-use support::{Fx, ms, opts};
+use support::{Fx, ms, opts, queued, until_queued};
 use tokio::time::Instant;
-
-async fn queued(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
-    conn.zcard(format!("{{lock:{key}}}:q")).await.unwrap()
-}
-
-async fn until_queued(conn: &mut redis::aio::MultiplexedConnection, key: &str, n: usize) {
-    let start = Instant::now();
-    while queued(conn, key).await != n {
-        assert!(
-            start.elapsed() < ms(3_000),
-            "never saw {n} queued waiter(s)"
-        );
-        tokio::time::sleep(ms(2)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_hands_the_lock_to_the_queued_waiter_atomically() {
@@ -176,11 +161,7 @@ async fn a_stale_grant_message_does_not_make_a_second_holder() {
     let g = a.acquire("stale", opts()).await.unwrap();
     let mut w = tokio::spawn(async move { b.acquire("stale", opts().wait(ms(5_000))).await });
     until_queued(&mut conn, "stale", 1).await;
-    let start = Instant::now();
-    while support::numsub(&mut conn, "{lock:stale}:rel").await == 0 {
-        assert!(start.elapsed() < ms(3_000), "waiter never subscribed");
-        tokio::time::sleep(ms(2)).await;
-    }
+    support::until_subscribed(&mut conn, "stale", 1).await;
     let tokens: Vec<String> = conn.zrange("{lock:stale}:q", 0, 0).await.unwrap();
     // A grant to the waiter with the current holder's fence: older than what it has seen.
     let stale = format!("g:{}:{}", tokens[0], g.fence());

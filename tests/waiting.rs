@@ -172,14 +172,7 @@ async fn waiter_survives_a_dropped_subscriber_connection() {
             .await
             .map(|g| g.fence())
     });
-    let numsub = async |conn: &mut redis::aio::MultiplexedConnection| {
-        support::numsub(conn, "{lock:resub}:rel").await
-    };
-    let start = Instant::now();
-    while numsub(&mut conn).await != 1 {
-        assert!(start.elapsed() < ms(3_000), "waiter never subscribed");
-        tokio::time::sleep(ms(5)).await;
-    }
+    support::until_subscribed(&mut conn, "resub", 1).await;
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")
@@ -188,11 +181,8 @@ async fn waiter_survives_a_dropped_subscriber_connection() {
         .await
         .unwrap();
     assert_eq!(killed, 1);
-    let start = Instant::now();
-    while numsub(&mut conn).await != 1 {
-        assert!(start.elapsed() < ms(3_000), "waiter never re-subscribed");
-        tokio::time::sleep(ms(5)).await;
-    }
+    // Resubscribed on a new connection.
+    support::until_subscribed(&mut conn, "resub", 1).await;
     let released = Instant::now();
     g.release().await.unwrap();
     let fence = w.await.unwrap().expect("waiter acquires after the release");
@@ -228,11 +218,7 @@ async fn a_channel_lingers_between_waits_then_goes() {
             tokio::spawn(async move { waiter.acquire("linger", opts().wait(ms(5_000))).await })
         };
         // The waiter is queued in Redis once its first attempt failed.
-        let start = Instant::now();
-        while conn.zcard::<_, u64>("{lock:linger}:q").await.unwrap() == 0 {
-            assert!(start.elapsed() < ms(3_000), "waiter never queued");
-            tokio::time::sleep(ms(2)).await;
-        }
+        support::until_queued(&mut conn, "linger", 1).await;
         g.release().await.unwrap();
         w.await.unwrap().unwrap().release().await.unwrap();
         counts.push(subscribes(&mut conn).await);
@@ -242,9 +228,5 @@ async fn a_channel_lingers_between_waits_then_goes() {
         counts[0], counts[2],
         "later waits subscribed again: {counts:?}"
     );
-    let start = Instant::now();
-    while support::numsub(&mut conn, "{lock:linger}:rel").await != 0 {
-        assert!(start.elapsed() < ms(3_000), "channel still subscribed");
-        tokio::time::sleep(ms(20)).await;
-    }
+    support::until_subscribed(&mut conn, "linger", 0).await;
 }

@@ -119,6 +119,42 @@ macro_rules! both {
     };
 }
 
+/// Waits (bounded: 3 s) until the async check `done` holds, for state observed through
+/// Redis; panics with `what` if it doesn't.
+pub async fn settle(mut done: impl AsyncFnMut() -> bool, what: &str) {
+    let start = Instant::now();
+    while !done().await {
+        assert!(start.elapsed() < Duration::from_secs(3), "{what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// How many waiters of all processes are in the Redis queue of lock `key`.
+pub async fn queued(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
+    conn.zcard(format!("{{lock:{key}}}:q"))
+        .await
+        .expect("ZCARD")
+}
+
+/// Waits (bounded) until exactly `n` waiters are queued for lock `key`.
+pub async fn until_queued(conn: &mut redis::aio::MultiplexedConnection, key: &str, n: usize) {
+    settle(
+        async || queued(conn, key).await == n,
+        &format!("never saw {n} queued waiter(s) for {key}"),
+    )
+    .await;
+}
+
+/// Waits (bounded) until exactly `n` connections are subscribed to lock `key`'s channel.
+pub async fn until_subscribed(conn: &mut redis::aio::MultiplexedConnection, key: &str, n: u64) {
+    let channel = format!("{{lock:{key}}}:rel");
+    settle(
+        async || numsub(conn, &channel).await == n,
+        &format!("never saw {n} subscriber(s) of {channel}"),
+    )
+    .await;
+}
+
 /// `PUBSUB NUMSUB` of one channel: how many connections are subscribed to it.
 pub async fn numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> u64 {
     let v: Vec<(String, u64)> = redis::cmd("PUBSUB")
