@@ -56,7 +56,7 @@ impl LockKey {
 
     /// `{lock}:rel`: the pub/sub channel hand-overs (and releases with waiters queued) go out on.
     pub(crate) fn channel(&self) -> Aux<'_> {
-        Aux::new(&self.tag, CHANNEL_SUFFIX)
+        channel_of(&self.tag)
     }
 
     /// `{lock}:q`: waiters of all processes in arrival order.
@@ -71,7 +71,12 @@ impl LockKey {
 }
 
 /// The suffix of a lock's release channel after its tag.
-pub(crate) const CHANNEL_SUFFIX: &str = ":rel";
+const CHANNEL_SUFFIX: &str = ":rel";
+
+/// The release channel `{lock}:rel` of the lock with this tag.
+pub(crate) fn channel_of(tag: &str) -> Aux<'_> {
+    Aux::new(tag, CHANNEL_SUFFIX)
+}
 
 /// The lock key inside a tag `{lock}`.
 pub(crate) fn lock_of_tag(tag: &str) -> &str {

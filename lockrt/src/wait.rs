@@ -22,16 +22,11 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::error::BackendError;
-use crate::key::{CHANNEL_SUFFIX, tag_of_channel};
+use crate::key::{channel_of, tag_of_channel};
 
 /// How long a channel stays subscribed after its last listener left: a wait that starts
 /// within it needs no `SUBSCRIBE` round trip.
 const LINGER: Duration = Duration::from_millis(500);
-
-/// The release channel of the lock with this tag.
-fn channel_of(tag: &str) -> String {
-    format!("{tag}{CHANNEL_SUFFIX}")
-}
 
 pub(crate) struct Entry {
     pub(crate) turn: Arc<Semaphore>,
