@@ -69,6 +69,25 @@ struct State {
 }
 
 impl State {
+    fn new(info: Arc<LeaseInfo>, sent: Instant, lease: Duration) -> State {
+        let mut st = State {
+            info,
+            deadline: sent,
+            next_renew: sent,
+            window: Duration::ZERO,
+            in_flight: false,
+        };
+        st.runs(sent, lease);
+        st
+    }
+
+    /// The lease now runs `lease` from `sent` (the send time of the request that got it).
+    fn runs(&mut self, sent: Instant, lease: Duration) {
+        self.deadline = sent + lease - margin(lease);
+        self.next_renew = sent + lease / 3;
+        self.window = lease / 6;
+    }
+
     /// When the monitor must look at this lease next.
     fn due(&self) -> Instant {
         if self.info.watchdog && !self.in_flight {
@@ -127,13 +146,7 @@ impl Monitor {
 
     /// Starts watching a lease acquired by a request sent at `sent`.
     pub(crate) fn add(&self, info: Arc<LeaseInfo>, sent: Instant, lease: Duration) {
-        let st = State {
-            deadline: sent + lease - margin(lease),
-            next_renew: sent + lease / 3,
-            window: lease / 6,
-            in_flight: false,
-            info,
-        };
+        let st = State::new(info, sent, lease);
         let due = st.due();
         // Never scan idle more often than MIN_IDLE_STEP: shorter leases just wake the task.
         let step = due.saturating_duration_since(sent).max(MIN_IDLE_STEP);
@@ -258,9 +271,8 @@ fn apply_outcome(
                 };
                 st.in_flight = false;
                 if renewed {
-                    st.deadline = sent + st.info.ttl - margin(st.info.ttl);
-                    st.next_renew = sent + st.info.ttl / 3;
-                    st.window = st.info.ttl / 6;
+                    let ttl = st.info.ttl;
+                    st.runs(sent, ttl);
                 } else {
                     declare_lost(&st.info, "the lock is held by another owner or expired");
                     t.leases.remove(id);
