@@ -42,6 +42,7 @@ pub struct LockOptions {
     pub(crate) wait: Option<Wait>,
     pub(crate) watchdog: bool,
     pub(crate) on_lost: OnLost,
+    pub(crate) max_hold: Option<Duration>,
 }
 
 impl Default for LockOptions {
@@ -63,6 +64,7 @@ impl LockOptions {
             wait: None,
             watchdog: true,
             on_lost: OnLost::Cancel,
+            max_hold: None,
         }
     }
 
@@ -123,6 +125,27 @@ impl LockOptions {
     pub const fn on_lost(mut self, on_lost: OnLost) -> Self {
         self.on_lost = on_lost;
         self
+    }
+
+    /// Longest time the lock may be held: after it the watchdog stops renewing and the holder
+    /// is told it lost the lock ([`LockGuard::lost`](crate::LockGuard::lost) resolves, `run`
+    /// drops the body and returns [`LockError::Lost`](crate::LockError::Lost)). Default: the
+    /// locker's (none unless set on the builder), so a forgotten guard or a hung body cannot
+    /// keep a lock forever when one is set.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let opts = lockrt::LockOptions::new().max_hold(Duration::from_secs(600));
+    /// # assert_eq!(opts.get_max_hold(), Some(Duration::from_secs(600)));
+    /// ```
+    pub const fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// The holding bound set here, if any.
+    pub const fn get_max_hold(&self) -> Option<Duration> {
+        self.max_hold
     }
 
     /// The ttl set here, if any.
