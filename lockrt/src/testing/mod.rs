@@ -1,10 +1,15 @@
-//! Throwaway `redis-server` processes for tests (feature `testing`).
+//! Throwaway `redis-server` processes and a fault-injecting proxy for tests (feature
+//! `testing`).
 //!
 //! Each [`RedisServer`] is its own process on a free loopback port, with persistence off and
 //! its working files in a temporary directory. It is ready when `start` returns (it answered
 //! `PING`), and killed, by its own pid, when dropped. Fault tests can [`kill`](RedisServer::kill),
 //! [`restart`](RedisServer::restart), [`pause`](RedisServer::pause) and
 //! [`resume`](RedisServer::resume) it. This module only ever signals processes it started.
+//!
+//! A [`FaultProxy`] sits between a client and a server on loopback and, on command, delays,
+//! drops or discards traffic, resets connections, stalls them half-open or refuses new ones,
+//! per RESP request or reply.
 //!
 //! ```no_run
 //! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,6 +26,11 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod proxy;
+mod resp;
+
+pub use proxy::{Direction, FaultProxy, ProxyCounters};
 
 /// How long a fresh server may take to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,0 +1,605 @@
+//! [`FaultProxy`]: a TCP proxy on loopback that a test puts between a client and a server, and
+//! tells at run time to misbehave.
+//!
+//! The proxy runs on a thread and a single-threaded tokio runtime of its own, so it keeps
+//! working while the test's runtime is blocked, paused or gone, and it can be driven from
+//! synchronous code. Both directions are cut into whole RESP frames (see `resp.rs`), so every
+//! fault applies per request or per reply. Dropping the proxy stops its thread and closes every
+//! connection it holds. It only ever connects to the upstream address it was given.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::RedisServer;
+use super::resp::{RespSplitter, Side};
+
+/// Longest time the proxy waits for the upstream server to accept a connection.
+const UPSTREAM_CONNECT: Duration = Duration::from_secs(1);
+/// Longest time dropping a proxy waits for its thread to finish.
+const SHUTDOWN: Duration = Duration::from_secs(5);
+/// Read buffer per direction and connection.
+const READ_BUF: usize = 16 * 1024;
+
+/// A direction of traffic through a [`FaultProxy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Direction {
+    /// Client → server: requests.
+    ToServer,
+    /// Server → client: replies (and pub/sub messages).
+    ToClient,
+}
+
+/// Traffic counters of a [`FaultProxy`], from [`FaultProxy::counters`]. Frames are whole RESP
+/// frames: one request, one reply, or one pub/sub message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProxyCounters {
+    /// Connections accepted from clients (including ones refused right after the accept).
+    pub accepted: u64,
+    /// Connections reset at once because new connections were refused.
+    pub refused: u64,
+    /// Connections open right now (client side accepted and upstream connected).
+    pub open: u64,
+    /// Connections the proxy reset ([`FaultProxy::reset_all`], [`FaultProxy::reset_on_next`]),
+    /// not counting refused ones.
+    pub resets: u64,
+    /// Connections whose upstream connect failed (server down): reset at once.
+    pub upstream_failures: u64,
+    /// Requests written to the server.
+    pub to_server: u64,
+    /// Replies written to the client.
+    pub to_client: u64,
+    /// Replies discarded by [`FaultProxy::drop_replies`].
+    pub replies_dropped: u64,
+    /// Frames discarded because of a blackhole or a stalled connection, both directions.
+    pub discarded: u64,
+    /// Connections whose bytes were not RESP and are forwarded unmeasured from then on.
+    pub unparsed: u64,
+}
+
+/// The faults in force. Connection tasks read it per frame.
+#[derive(Debug, Default)]
+struct Faults {
+    blackhole: bool,
+    refuse: bool,
+    delay_to_server: Duration,
+    delay_to_client: Duration,
+    drop_replies: u64,
+    reset_next_request: u64,
+    reset_next_reply: u64,
+}
+
+/// Per-connection control.
+#[derive(Debug, Default)]
+struct Conn {
+    reset: CancellationToken,
+    stalled: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    upstream: SocketAddr,
+    faults: Mutex<Faults>,
+    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+    counters: Mutex<ProxyCounters>,
+    /// Wakes synchronous and asynchronous waiters of `wait_until*` on every change.
+    changed: Condvar,
+    changed_async: Notify,
+}
+
+impl Shared {
+    fn faults(&self) -> MutexGuard<'_, Faults> {
+        self.faults.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn conns(&self) -> MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn counters(&self) -> MutexGuard<'_, ProxyCounters> {
+        self.counters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn count(&self, f: impl FnOnce(&mut ProxyCounters)) {
+        f(&mut self.counters());
+        self.changed.notify_all();
+        self.changed_async.notify_waiters();
+    }
+}
+
+/// A fault-injecting TCP proxy on `127.0.0.1` in front of a server on loopback (usually a
+/// [`RedisServer`]). Point the client at [`url`](Self::url) (or [`addr`](Self::addr)) instead of
+/// the server, then change the proxy's behaviour at any time:
+///
+/// | control | what the client sees | applies to |
+/// |---|---|---|
+/// | [`pass`](Self::pass) | a transparent proxy (the initial state) | lifts every global fault below; stalled connections stay stalled |
+/// | [`blackhole`](Self::blackhole) | connections open, nothing arrives either way (a partition) | existing and new connections, until `pass` |
+/// | [`stall_existing`](Self::stall_existing) | open connections go silent for good (half-open); new ones work | connections open at the call |
+/// | [`reset_all`](Self::reset_all) | `ECONNRESET` (RST, `SO_LINGER` 0) | connections open at the call |
+/// | [`reset_on_next`](Self::reset_on_next) | the next request is never forwarded, or the next reply never delivered, and that connection is reset | the next frame in that direction, any connection |
+/// | [`delay`](Self::delay) | every frame arrives `d` later (order kept) | frames read from now on, existing and new connections |
+/// | [`drop_replies`](Self::drop_replies) | the next `n` replies vanish; the connection stays up, so later replies pair with the wrong requests | the next `n` replies, any connection |
+/// | [`refuse_new`](Self::refuse_new) | new connections are reset right after the accept | new connections, until turned off or `pass` |
+///
+/// Frames that arrive during a blackhole or on a stalled connection are discarded, as a
+/// partition that outlasts TCP's retransmissions would lose them. Pub/sub messages are
+/// replies. [`counters`](Self::counters) and [`wait_until`](Self::wait_until) tell a test
+/// what went through, so it can wait for an event instead of sleeping.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use lockrt::testing::{Direction, FaultProxy, RedisServer};
+///
+/// let server = RedisServer::start()?;
+/// let proxy = FaultProxy::in_front_of(&server)?;
+/// let mut conn = redis::Client::open(proxy.url())?.get_connection()?;
+/// let _: () = redis::cmd("SET").arg("k").arg(1).query(&mut conn)?;
+///
+/// proxy.delay(Direction::ToClient, Duration::from_millis(200)); // slow replies
+/// let _: i64 = redis::cmd("GET").arg("k").query(&mut conn)?; // answered ~200 ms later
+/// proxy.pass();
+///
+/// proxy.drop_replies(1); // the next reply never arrives
+/// conn.set_read_timeout(Some(Duration::from_millis(300)))?;
+/// assert!(redis::cmd("PING").query::<String>(&mut conn).is_err());
+/// assert_eq!(proxy.counters().replies_dropped, 1);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct FaultProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy on a free `127.0.0.1` port that forwards every connection to `upstream`
+    /// (which must be a loopback address). Returns once it accepts connections.
+    ///
+    /// ```no_run
+    /// # fn main() -> std::io::Result<()> {
+    /// use std::net::{Ipv4Addr, SocketAddr};
+    /// let proxy = lockrt::testing::FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 6379)))?;
+    /// println!("connect to {}", proxy.url());
+    /// # Ok(()) }
+    /// ```
+    pub fn start(upstream: SocketAddr) -> io::Result<FaultProxy> {
+        if !upstream.ip().is_loopback() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("FaultProxy forwards to loopback addresses only, not {upstream}"),
+            ));
+        }
+        let shared = Arc::new(Shared {
+            upstream,
+            faults: Mutex::default(),
+            conns: Mutex::default(),
+            counters: Mutex::default(),
+            changed: Condvar::new(),
+            changed_async: Notify::new(),
+        });
+        let shutdown = CancellationToken::new();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<SocketAddr>>();
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (task_shared, task_shutdown) = (shared.clone(), shutdown.clone());
+        std::thread::Builder::new()
+            .name("lockrt-fault-proxy".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = ready_tx.send(listener.local_addr());
+                    tokio::select! {
+                        () = task_shutdown.cancelled() => {}
+                        () = accept_loop(listener, task_shared) => {}
+                    }
+                });
+                // Dropping the runtime drops every connection task and closes its sockets.
+                drop(rt);
+                let _ = done_tx.send(());
+            })?;
+        let addr = ready_rx
+            .recv_timeout(SHUTDOWN)
+            .map_err(|_| io::Error::other("fault proxy thread did not start"))??;
+        Ok(FaultProxy {
+            addr,
+            shared,
+            shutdown,
+            done,
+        })
+    }
+
+    /// A proxy in front of `server` (which may be restarted meanwhile: the proxy connects
+    /// anew for every client connection).
+    ///
+    /// ```no_run
+    /// # fn main() -> std::io::Result<()> {
+    /// use lockrt::testing::{FaultProxy, RedisServer};
+    /// let server = RedisServer::start()?;
+    /// let proxy = FaultProxy::in_front_of(&server)?;
+    /// assert_ne!(proxy.url(), server.url());
+    /// # Ok(()) }
+    /// ```
+    pub fn in_front_of(server: &RedisServer) -> io::Result<FaultProxy> {
+        FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port())))
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address the proxy forwards to.
+    pub fn upstream(&self) -> SocketAddr {
+        self.shared.upstream
+    }
+
+    /// `redis://127.0.0.1:<proxy port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.addr.port())
+    }
+
+    /// Back to a transparent proxy: no blackhole, no delays, no refusal, and pending
+    /// [`drop_replies`](Self::drop_replies) and [`reset_on_next`](Self::reset_on_next)
+    /// disarmed. Connections stalled by [`stall_existing`](Self::stall_existing) stay stalled
+    /// (a half-open connection does not heal); [`reset_all`](Self::reset_all) ends them.
+    pub fn pass(&self) {
+        *self.shared.faults() = Faults::default();
+    }
+
+    /// Partition: connections are accepted and kept open, but nothing is forwarded in either
+    /// direction, on existing and new connections alike, until [`pass`](Self::pass). Frames
+    /// that arrive meanwhile are discarded.
+    pub fn blackhole(&self) {
+        self.shared.faults().blackhole = true;
+    }
+
+    /// Half-open connections: every connection open now forwards nothing from here on (its
+    /// frames are discarded) but stays open; connections opened later work normally. Returns
+    /// how many connections were stalled.
+    pub fn stall_existing(&self) -> usize {
+        let conns = self.shared.conns();
+        for c in conns.values() {
+            c.stalled.store(true, Ordering::SeqCst);
+        }
+        conns.len()
+    }
+
+    /// Resets (RST, `SO_LINGER` 0) both sides of every connection open now. New connections
+    /// are not affected. Returns how many connections were reset.
+    pub fn reset_all(&self) -> usize {
+        let conns = self.shared.conns();
+        for c in conns.values() {
+            c.reset.cancel();
+        }
+        conns.len()
+    }
+
+    /// Arms a one-shot reset: the next frame in `dir`, on whichever connection it comes,
+    /// is not forwarded and that connection is reset (RST) instead.
+    /// `Direction::ToServer`: the request never reaches the server.
+    /// `Direction::ToClient`: the server has run the request, its reply is never delivered.
+    /// Calling it again arms one more.
+    pub fn reset_on_next(&self, dir: Direction) {
+        let mut f = self.shared.faults();
+        match dir {
+            Direction::ToServer => f.reset_next_request += 1,
+            Direction::ToClient => f.reset_next_reply += 1,
+        }
+    }
+
+    /// Delays every frame in `dir` read from now on by `d` (on existing and new
+    /// connections), keeping their order. `Duration::ZERO` ends the delay for later frames.
+    pub fn delay(&self, dir: Direction, d: Duration) {
+        let mut f = self.shared.faults();
+        match dir {
+            Direction::ToServer => f.delay_to_server = d,
+            Direction::ToClient => f.delay_to_client = d,
+        }
+    }
+
+    /// Discards the next `n` replies (server → client frames, pub/sub messages included) on
+    /// whichever connections they come, while the connections stay up. Adds to any drops
+    /// still pending.
+    pub fn drop_replies(&self, n: u64) {
+        self.shared.faults().drop_replies += n;
+    }
+
+    /// While `refuse` is true, new connections are reset right after the accept (the client
+    /// sees its connect or first request fail); open connections are not affected.
+    pub fn refuse_new(&self, refuse: bool) {
+        self.shared.faults().refuse = refuse;
+    }
+
+    /// The counters now.
+    pub fn counters(&self) -> ProxyCounters {
+        *self.shared.counters()
+    }
+
+    /// Waits until `cond` holds for the counters, at most `within`. Returns the counters that
+    /// satisfied it, or the last ones seen as the error when time ran out.
+    ///
+    /// ```no_run
+    /// # async fn demo(proxy: &lockrt::testing::FaultProxy) {
+    /// use std::time::Duration;
+    /// // Wait for a renewal's reply to have been dropped instead of sleeping for it.
+    /// proxy.drop_replies(1);
+    /// proxy
+    ///     .wait_until(Duration::from_secs(2), |c| c.replies_dropped >= 1)
+    ///     .await
+    ///     .expect("a reply was dropped");
+    /// # }
+    /// ```
+    pub async fn wait_until(
+        &self,
+        within: Duration,
+        mut cond: impl FnMut(&ProxyCounters) -> bool,
+    ) -> Result<ProxyCounters, ProxyCounters> {
+        let deadline = Instant::now() + within;
+        loop {
+            let changed = self.shared.changed_async.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let now = self.counters();
+            if cond(&now) {
+                return Ok(now);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(self.counters());
+            }
+        }
+    }
+
+    /// [`wait_until`](Self::wait_until) for synchronous code: blocks the thread.
+    ///
+    /// ```no_run
+    /// # fn demo(proxy: &lockrt::testing::FaultProxy) {
+    /// use std::time::Duration;
+    /// proxy.reset_all();
+    /// proxy
+    ///     .wait_until_blocking(Duration::from_secs(2), |c| c.open == 0)
+    ///     .expect("every connection closed");
+    /// # }
+    /// ```
+    pub fn wait_until_blocking(
+        &self,
+        within: Duration,
+        mut cond: impl FnMut(&ProxyCounters) -> bool,
+    ) -> Result<ProxyCounters, ProxyCounters> {
+        let guard = self.shared.counters();
+        let (guard, _) = self
+            .shared
+            .changed
+            .wait_timeout_while(guard, within, |c| !cond(c))
+            .unwrap_or_else(|p| p.into_inner());
+        if cond(&guard) {
+            Ok(*guard)
+        } else {
+            Err(*guard)
+        }
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        // Bounded: the thread only has to drop its runtime.
+        let _ = self.done.recv_timeout(SHUTDOWN);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut next_id = 0u64;
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            // EMFILE and the like: back off briefly rather than spin.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        shared.count(|c| c.accepted += 1);
+        if shared.faults().refuse {
+            shared.count(|c| c.refused += 1);
+            abort(&client);
+            continue;
+        }
+        next_id += 1;
+        let conn = Arc::new(Conn::default());
+        let id = next_id;
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let Ok(Ok(upstream)) =
+                tokio::time::timeout(UPSTREAM_CONNECT, TcpStream::connect(shared.upstream)).await
+            else {
+                shared.count(|c| c.upstream_failures += 1);
+                abort(&client);
+                return;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = upstream.set_nodelay(true);
+            shared.conns().insert(id, conn.clone());
+            shared.count(|c| c.open += 1);
+            let reset = serve(&client, &upstream, &shared, &conn).await;
+            shared.conns().remove(&id);
+            if reset {
+                abort(&client);
+                abort(&upstream);
+                shared.count(|c| c.resets += 1);
+            }
+            shared.count(|c| c.open -= 1);
+        });
+    }
+}
+
+/// Makes dropping `s` send RST instead of FIN.
+fn abort(s: &TcpStream) {
+    // A zero linger never blocks the thread (the deprecation is about non-zero values).
+    #[allow(deprecated)]
+    let _ = s.set_linger(Some(Duration::ZERO));
+}
+
+/// Forwards both directions until either side has closed and its last frames are written
+/// (false), or the connection is to be reset (true).
+async fn serve(client: &TcpStream, upstream: &TcpStream, shared: &Shared, conn: &Conn) -> bool {
+    let (up_tx, up_rx) = mpsc::unbounded_channel();
+    let (down_tx, down_rx) = mpsc::unbounded_channel();
+    let requests = async {
+        tokio::join!(
+            read_side(client, Direction::ToServer, up_tx, shared, conn),
+            write_side(upstream, Direction::ToServer, up_rx, shared, conn),
+        )
+    };
+    let replies = async {
+        tokio::join!(
+            read_side(upstream, Direction::ToClient, down_tx, shared, conn),
+            write_side(client, Direction::ToClient, down_rx, shared, conn),
+        )
+    };
+    tokio::select! {
+        () = conn.reset.cancelled() => true,
+        _ = requests => conn.reset.is_cancelled(),
+        _ = replies => conn.reset.is_cancelled(),
+    }
+}
+
+/// What to do with one frame read from one side.
+enum Verdict {
+    Forward(Instant),
+    Discard,
+    DropReply,
+    Reset,
+}
+
+fn judge(dir: Direction, shared: &Shared, conn: &Conn) -> Verdict {
+    let mut f = shared.faults();
+    if f.blackhole || conn.stalled.load(Ordering::SeqCst) {
+        return Verdict::Discard;
+    }
+    match dir {
+        Direction::ToServer if f.reset_next_request > 0 => {
+            f.reset_next_request -= 1;
+            Verdict::Reset
+        }
+        Direction::ToClient if f.reset_next_reply > 0 => {
+            f.reset_next_reply -= 1;
+            Verdict::Reset
+        }
+        Direction::ToClient if f.drop_replies > 0 => {
+            f.drop_replies -= 1;
+            Verdict::DropReply
+        }
+        Direction::ToServer => Verdict::Forward(Instant::now() + f.delay_to_server),
+        Direction::ToClient => Verdict::Forward(Instant::now() + f.delay_to_client),
+    }
+}
+
+/// Reads one side, cuts frames, judges each, queues the forwarded ones with their due time.
+/// Returns at EOF, on an error, or when a frame asks for a reset.
+async fn read_side(
+    from: &TcpStream,
+    dir: Direction,
+    out: mpsc::UnboundedSender<(Instant, Vec<u8>)>,
+    shared: &Shared,
+    conn: &Conn,
+) {
+    let side = match dir {
+        Direction::ToServer => Side::Requests,
+        Direction::ToClient => Side::Replies,
+    };
+    let mut splitter = RespSplitter::new(side);
+    let mut raw = false;
+    let mut buf = vec![0u8; READ_BUF];
+    let mut frames = Vec::new();
+    loop {
+        if from.readable().await.is_err() {
+            return;
+        }
+        let n = match from.try_read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
+        };
+        frames.clear();
+        if raw {
+            frames.push(buf[..n].to_vec());
+        } else if splitter.push(&buf[..n], &mut frames).is_err() {
+            raw = true;
+            shared.count(|c| c.unparsed += 1);
+            frames.push(splitter.take_buffered());
+        }
+        for frame in frames.drain(..) {
+            match judge(dir, shared, conn) {
+                Verdict::Forward(due) => {
+                    if out.send((due, frame)).is_err() {
+                        return;
+                    }
+                }
+                Verdict::Discard => shared.count(|c| c.discarded += 1),
+                Verdict::DropReply => shared.count(|c| c.replies_dropped += 1),
+                Verdict::Reset => {
+                    conn.reset.cancel();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Writes queued frames to one side when they are due, unless by then the connection is
+/// blackholed or stalled. Returns when the reading side is done and its frames are written,
+/// or a write fails.
+async fn write_side(
+    to: &TcpStream,
+    dir: Direction,
+    mut queue: mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
+    shared: &Shared,
+    conn: &Conn,
+) {
+    while let Some((due, frame)) = queue.recv().await {
+        tokio::time::sleep_until(due).await;
+        if shared.faults().blackhole || conn.stalled.load(Ordering::SeqCst) {
+            shared.count(|c| c.discarded += 1);
+            continue;
+        }
+        if write_all(to, &frame).await.is_err() {
+            return;
+        }
+        shared.count(|c| match dir {
+            Direction::ToServer => c.to_server += 1,
+            Direction::ToClient => c.to_client += 1,
+        });
+    }
+}
+
+async fn write_all(to: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        to.writable().await?;
+        match to.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
