@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod history;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
