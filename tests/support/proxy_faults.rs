@@ -1,0 +1,100 @@
+//! Helpers shared by the fault tests (`tests/faults_*.rs`): lockers behind a `FaultProxy`, the
+//! lock's state as Redis has it, and the one-line figures those tests print for
+//! RELIABILITY.md.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use lockrt::Locker;
+use lockrt::testing::{FaultProxy, RedisServer};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+/// The default safety margin the lease monitor takes off every deadline (ttl/20 + 1 ms),
+/// until it becomes a setting.
+pub fn default_margin(ttl: Duration) -> Duration {
+    ttl / 20 + Duration::from_millis(1)
+}
+
+/// A locker that talks to `proxy`, with a short response timeout so faults show quickly.
+pub async fn locker_via(proxy: &FaultProxy, response_timeout: Duration) -> Locker {
+    Locker::builder()
+        .url(proxy.url())
+        .response_timeout(response_timeout)
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("connect through the proxy")
+}
+
+/// A connection straight to the server (never through a proxy), for inspection.
+pub async fn direct(server: &RedisServer) -> MultiplexedConnection {
+    server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("direct connection")
+}
+
+/// The lock's value (`<token>:<fence>`) as Redis has it.
+pub async fn lock_value(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
+    conn.get(format!("lock:{key}")).await.expect("GET lock")
+}
+
+/// The fence stored in a lock value.
+pub fn fence_in(value: &str) -> u64 {
+    value
+        .rsplit(':')
+        .next()
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("lock value {value:?}"))
+}
+
+/// Remaining lease of the lock in Redis (`None` when it does not exist).
+pub async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> Option<Duration> {
+    let ms: i64 = conn.pttl(format!("lock:{key}")).await.expect("PTTL");
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+/// Every key of lock `key` still in Redis: the lock, its queue, its waiter details.
+pub async fn leftovers(conn: &mut MultiplexedConnection, key: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    for k in [
+        format!("lock:{key}"),
+        format!("{{lock:{key}}}:q"),
+        format!("{{lock:{key}}}:w"),
+    ] {
+        let exists: bool = conn.exists(&k).await.expect("EXISTS");
+        if exists {
+            left.push(k);
+        }
+    }
+    left
+}
+
+/// Polls `cond` every few ms until it holds or `within` passes; how long it took, or `None`.
+/// For state that only Redis can be asked about (no event to await).
+pub async fn within(within: Duration, mut cond: impl AsyncFnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if cond().await {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Prints a measured figure: `FIGURE <case>: <text>`. RELIABILITY.md quotes these lines.
+pub fn figure(case: &str, text: impl std::fmt::Display) {
+    println!("FIGURE {case}: {text}");
+}
+
+/// Milliseconds with one decimal, for figures.
+pub fn ms_f(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
