@@ -82,19 +82,27 @@ async fn guard_lost_resolves_and_on_lost_continue_finishes_the_body() {
     assert!(guard.is_lost());
     assert!(guard.release().await.unwrap_err().is_lost());
 
-    let out = locker
-        .run(
-            "c",
-            opts().ttl(ms(600)).on_lost(lockrt::OnLost::Continue),
-            async {
-                let () = conn.del("lock:c").await.unwrap();
-                tokio::time::sleep(ms(700)).await;
-                "finished"
-            },
-        )
+    let continue_on_loss = opts().ttl(ms(600)).on_lost(lockrt::OnLost::Continue);
+    let section = locker
+        .run_checked("c", continue_on_loss, async {
+            let () = conn.del("lock:c").await.unwrap();
+            tokio::time::sleep(ms(700)).await;
+            "finished"
+        })
         .await
         .unwrap();
-    assert_eq!(out, "finished");
+    assert!(!section.held_throughout(), "the loss is reported");
+    assert_eq!(section.output(), "finished", "the body ran to its end");
+
+    // `run` never returns such a body's output as success.
+    let res = locker
+        .run("c2", continue_on_loss, async {
+            let () = conn.del("lock:c2").await.unwrap();
+            tokio::time::sleep(ms(700)).await;
+            "finished"
+        })
+        .await;
+    assert!(res.unwrap_err().is_lost());
 }
 
 both! {

@@ -56,6 +56,17 @@ pub enum LockError {
         /// Why it was rejected.
         reason: String,
     },
+    /// This task already holds the lock through a [`LockGuard`](crate::LockGuard) of the same
+    /// locker: waiting for it would wait for itself.
+    #[error(
+        "lock `{key}` is already held by this task through a LockGuard; waiting for it would \
+         never end: release the guard first, or hold the lock with `run` or \
+         #[distributed_lock], which re-enter"
+    )]
+    HeldByThisTask {
+        /// The lock's key, as given by the caller.
+        key: String,
+    },
     /// An annotated function without `locker = ...` ran before [`set_default`](crate::set_default).
     #[error(
         "no default locker installed: call `lockrt::set_default(locker)` at startup, \

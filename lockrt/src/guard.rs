@@ -1,9 +1,10 @@
-//! [`LockGuard`]: proof of holding one lock, and the release on every exit path.
+//! [`LockGuard`]: proof of holding one lock, and its release on every exit path.
 //!
-//! Explicit [`LockGuard::release`] awaits the owner-checked delete. Dropping an unreleased
-//! guard (panic, cancellation, early return) stops its lease at once and spawns the same
-//! release onto the runtime; it never blocks in `Drop`. Without a runtime, the lease bounds
-//! the lock. Release never deletes another owner's lock (the script checks the token).
+//! Release has one path, [`Release`], used by [`LockGuard::release`] (awaited) and by `Drop`
+//! (spawned onto the runtime; `Drop` never blocks). A release cut short by cancellation
+//! finishes in the background the same way. Without a runtime, the lease bounds the lock.
+//! Release never deletes another owner's lock (the script checks the token), and once it
+//! starts, the lease counts as ended for everything that relied on it (reentrant sections).
 
 use std::fmt;
 use std::future::Future;
@@ -11,10 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::LockError;
-use crate::backend::{Released, Token};
-use crate::lease::LeaseInfo;
+use crate::backend::Released;
+use crate::error::BackendError;
+use crate::lease::{LeaseInfo, Monitor};
 use crate::locker::Locker;
+use crate::retry::Backoff;
 use crate::wait::EntryHandle;
+
+/// Retries of a release whose outcome is unknown (timeout, reset).
+const RELEASE_RETRIES: u32 = 3;
 
 /// A held lock. Dropping it releases the lock in the background; [`release`](Self::release)
 /// does it in the foreground and reports the outcome.
@@ -30,14 +36,33 @@ use crate::wait::EntryHandle;
 /// ```
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
-    pub(crate) locker: Locker,
-    pub(crate) info: Arc<LeaseInfo>,
-    pub(crate) fence: u64,
-    pub(crate) entry: Option<EntryHandle>,
-    pub(crate) done: bool,
+    info: Arc<LeaseInfo>,
+    fence: u64,
+    release: Release,
 }
 
 impl LockGuard {
+    pub(crate) fn new(
+        locker: Locker,
+        monitor: Arc<Monitor>,
+        info: Arc<LeaseInfo>,
+        fence: u64,
+        entry: EntryHandle,
+    ) -> LockGuard {
+        LockGuard {
+            release: Release {
+                locker,
+                monitor,
+                info: info.clone(),
+                entry: Some(entry),
+                done: false,
+                background: false,
+            },
+            info,
+            fence,
+        }
+    }
+
     /// The key as given to `acquire` (without the prefix).
     ///
     /// ```
@@ -66,7 +91,9 @@ impl LockGuard {
         self.fence
     }
 
-    /// Resolves when the lease is lost (taken over, expired, or not renewed in time).
+    /// Resolves when the lease is lost (taken over, expired, not renewed in time, or held
+    /// for `max_hold`). It also resolves when the local deadline passes while the monitor
+    /// task could not run.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
@@ -79,10 +106,12 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.info.lost.cancelled()
+        self.info.lost()
     }
 
-    /// Whether the lease has been lost already.
+    /// Whether the lease has been lost already. Also `true` once the local deadline has
+    /// passed without a renewal, even if the watchdog has not run yet (a blocked thread):
+    /// this never says "held" when Redis may have expired the lock.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
@@ -91,10 +120,19 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn is_lost(&self) -> bool {
-        self.info.lost.is_cancelled()
+        self.info.is_lost()
     }
 
     /// The lease length this guard holds and renews.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// use std::time::Duration;
+    /// let opts = lockrt::LockOptions::new().ttl(Duration::from_secs(5));
+    /// let guard = lockrt::Locker::in_memory().acquire("k", opts).await?;
+    /// assert_eq!(guard.ttl(), Duration::from_secs(5));
+    /// # Ok(()) }
+    /// ```
     pub fn ttl(&self) -> Duration {
         self.info.ttl
     }
@@ -111,16 +149,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(mut self) -> Result<(), LockError> {
-        self.locker.monitor_remove(self.info.id);
-        let res = self
-            .locker
-            .release_token(&self.info.key, &self.info.token)
-            .await;
-        // Only now: if this future is dropped mid-release, `Drop` releases in the background.
-        self.done = true;
-        self.info.leave_turn();
-        drop(self.entry.take());
-        match res {
+        match self.release.run().await {
             Ok(Released::Freed | Released::HandedOver) => Ok(()),
             Ok(Released::NotOwner) => Err(LockError::Lost {
                 key: self.info.key.user.to_string(),
@@ -129,33 +158,13 @@ impl LockGuard {
         }
     }
 
-    pub(crate) fn token(&self) -> &Token {
-        &self.info.token
+    /// Releases and reports what the server said (for `run`, which tells a lost lock apart).
+    pub(crate) async fn release_outcome(mut self) -> Result<Released, BackendError> {
+        self.release.run().await
     }
-}
 
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        self.locker.monitor_remove(self.info.id);
-        let entry = self.entry.take();
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            // No runtime left to talk to Redis: the lease ends the lock within ttl.
-            self.locker.note_released();
-            self.info.leave_turn();
-            return;
-        };
-        let locker = self.locker.clone();
-        let info = self.info.clone();
-        rt.spawn(async move {
-            if let Err(e) = locker.release_token(&info.key, &info.token).await {
-                tracing::warn!(key = %info.key.user, error = %e, "background release failed; the lease will expire");
-            }
-            info.leave_turn();
-            drop(entry);
-        });
+    pub(crate) fn lease(&self) -> &Arc<LeaseInfo> {
+        &self.info
     }
 }
 
@@ -164,9 +173,104 @@ impl fmt::Debug for LockGuard {
         f.debug_struct("LockGuard")
             .field("key", &self.info.key.user)
             .field("fence", &self.fence)
-            .field("token", self.token())
+            .field("token", &self.info.token)
             .field("lost", &self.is_lost())
             .finish()
+    }
+}
+
+/// Everything a release needs, and the one way it happens. Dropped before it completed
+/// (the guard dropped, or `release()` cancelled), it finishes in the background.
+struct Release {
+    locker: Locker,
+    monitor: Arc<Monitor>,
+    info: Arc<LeaseInfo>,
+    entry: Option<EntryHandle>,
+    done: bool,
+    /// Already the background copy: never spawn another.
+    background: bool,
+}
+
+impl Release {
+    async fn run(&mut self) -> Result<Released, BackendError> {
+        self.monitor.remove(self.info.id);
+        let res = self.delete().await;
+        if matches!(res, Ok(Released::Freed)) {
+            self.locker.wake(&self.info.key.tag);
+        }
+        tracing::debug!(key = ?&*self.info.key.user, released = ?res.as_ref().ok(), "release");
+        self.finish();
+        res
+    }
+
+    /// The owner-checked delete, retried a few times when its outcome is unknown. A retry
+    /// that finds the lock gone while our deadline has not passed means an earlier try
+    /// landed: that is a successful release, not a loss.
+    async fn delete(&self) -> Result<Released, BackendError> {
+        let mut backoff = Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(100),
+            RELEASE_RETRIES,
+        );
+        let mut uncertain = false;
+        loop {
+            let still_ours = !self.info.is_lost_by_deadline();
+            match self
+                .locker
+                .backend()
+                .release(&self.info.key, &self.info.token)
+                .await
+            {
+                Ok(Released::NotOwner) if uncertain && still_ours => return Ok(Released::Freed),
+                Err(e) if backoff.retry(&e).await => uncertain = true,
+                res => return res,
+            }
+        }
+    }
+
+    /// Local bookkeeping once the release is over (or can't happen): the lease ends for
+    /// everything relying on it, the local turn and the key's entry go.
+    fn finish(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        self.monitor.remove(self.info.id);
+        self.info.lost.cancel();
+        self.info.leave_turn();
+        drop(self.entry.take());
+        self.locker.note_released();
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.monitor.remove(self.info.id);
+        let rt = tokio::runtime::Handle::try_current();
+        let (Ok(rt), false) = (rt, self.background) else {
+            // No runtime left to talk to Redis: the lease ends the lock within ttl.
+            self.finish();
+            return;
+        };
+        let mut rest = Release {
+            locker: self.locker.clone(),
+            monitor: self.monitor.clone(),
+            info: self.info.clone(),
+            entry: self.entry.take(),
+            done: false,
+            background: true,
+        };
+        self.done = true;
+        // The lease stops protecting anything now, not when the background release ends.
+        self.info.lost.cancel();
+        rt.spawn(async move {
+            if let Err(e) = rest.run().await {
+                tracing::warn!(key = ?&*rest.info.key.user, error = %e, "background release failed; the lease will expire");
+            }
+        });
     }
 }
 
@@ -182,21 +286,60 @@ impl fmt::Debug for LockGuard {
 /// }).await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct HeldLock {
     pub(crate) locker_id: u64,
     pub(crate) key: Arc<str>,
     pub(crate) fence: u64,
+    /// The section's lease: a reentrant section ends with it.
+    pub(crate) lease: Arc<LeaseInfo>,
 }
 
 impl HeldLock {
     /// The lock's key.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::in_memory();
+    /// let key = locker.run("job", Default::default(), async {
+    ///     lockrt::current_lock().map(|h| h.key().to_owned())
+    /// }).await?;
+    /// assert_eq!(key.as_deref(), Some("job"));
+    /// # Ok(()) }
+    /// ```
     pub fn key(&self) -> &str {
         &self.key
     }
 
     /// The lock's fencing token.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::in_memory();
+    /// let fence = locker.run("job", Default::default(), async {
+    ///     lockrt::current_lock().map(|h| h.fence())
+    /// }).await?;
+    /// assert!(fence.is_some_and(|f| f > 0));
+    /// # Ok(()) }
+    /// ```
     pub fn fence(&self) -> u64 {
         self.fence
+    }
+}
+
+impl PartialEq for HeldLock {
+    fn eq(&self, other: &Self) -> bool {
+        self.locker_id == other.locker_id && self.key == other.key && self.fence == other.fence
+    }
+}
+
+impl Eq for HeldLock {}
+
+impl fmt::Debug for HeldLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeldLock")
+            .field("key", &self.key)
+            .field("fence", &self.fence)
+            .finish()
     }
 }

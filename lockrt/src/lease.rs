@@ -1,20 +1,20 @@
-//! The lease monitor (watchdog): one task per `Locker` that keeps every held lease alive and
-//! declares loss.
+//! The lease monitor (watchdog): one task per `Locker` and runtime that keeps every held lease
+//! alive and declares loss.
 //!
 //! Each lease has a local deadline on the monotonic clock: the send time of the last successful
-//! acquire or renewal, plus ttl, minus a safety margin. The server cannot have expired the lock
-//! before that instant, so declaring loss there is never late, even when Redis is unreachable.
-//! A renewal is due a third of the way into the current lease (every ttl/3 once renewed);
-//! leases due within a sixth of theirs are renewed in the same batch (one script call for many
-//! locks), which keeps the number of round trips per period near `held / batch size`. A
-//! transient renewal error is retried soon, but never moves the deadline. A "not yours"
-//! answer or a passed deadline marks the lease lost.
+//! acquire or renewal, plus the lease, minus a safety margin. The server cannot have expired the
+//! lock before that instant, so declaring loss there is never late, even when Redis is
+//! unreachable. The deadline lives in [`LeaseInfo`], so a guard compares it synchronously
+//! ([`LeaseInfo::is_lost`]) and never reports "held" past it, even when this task has not run
+//! (a blocked thread). A renewal is due a third of the way into the current lease; leases due
+//! within a sixth of theirs are renewed in the same batch (one script call for many locks). A
+//! failed renewal is retried with exponential backoff inside the deadline and never moves it;
+//! a "not yours" answer, a passed deadline or a passed `max_hold` marks the lease lost.
 //!
-//! The monitor never outlives the leases' guards (it ends when its `Locker` is dropped) and
-//! never blocks a guard. Guards add and remove leases in a shared table under a short mutex;
-//! the task is woken only when a new lease is due before its next scan. An idle task scans
-//! every shortest renewal interval it has seen, so a stream of short acquire/release pairs
-//! costs no task wake-ups at all.
+//! The task never blocks a guard: guards add and remove leases in a shared table under a short
+//! mutex. It is woken only when a new lease is due before its next scan; an idle task scans
+//! every shortest renewal interval it has seen. When its runtime ends, every lease it watched
+//! is marked lost and the next acquire starts a new task on its own runtime.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -30,6 +30,13 @@ use crate::key::LockKey;
 /// Largest number of leases renewed by one script call.
 const MAX_BATCH: usize = 500;
 
+/// Shortest and longest pause before retrying a failed renewal.
+const RETRY_MIN: Duration = Duration::from_millis(10);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// At most one renewal-failure WARN per this long per monitor; the rest are counted.
+const WARN_EVERY: Duration = Duration::from_secs(5);
+
 /// What a guard and the monitor share about one lease.
 #[derive(Debug)]
 pub(crate) struct LeaseInfo {
@@ -38,14 +45,86 @@ pub(crate) struct LeaseInfo {
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
     pub(crate) watchdog: bool,
-    /// Cancelled when the lease is lost.
+    /// The locker's safety margin (see [`margin`]).
+    pub(crate) safety: Duration,
+    /// No renewal after this (`max_hold`).
+    pub(crate) hold_until: Option<Instant>,
+    /// Cancelled when the lease is lost or released: nothing may rely on it after that.
     pub(crate) lost: CancellationToken,
+    /// The local deadline; moved forward by each successful renewal.
+    deadline: Mutex<Instant>,
     /// The holder's place in its locker's queue for the key: given up at loss, so local
     /// waiters don't queue behind a lock nobody holds.
     pub(crate) turn: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
+/// How a new lease is described to [`LeaseInfo::new`].
+pub(crate) struct NewLease {
+    pub(crate) id: u64,
+    pub(crate) key: LockKey,
+    pub(crate) token: Token,
+    pub(crate) ttl: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) safety: Duration,
+    pub(crate) max_hold: Option<Duration>,
+    /// Send time of the request that took the lock, and the lease it took it for.
+    pub(crate) sent: Instant,
+    pub(crate) lease: Duration,
+}
+
 impl LeaseInfo {
+    pub(crate) fn new(n: NewLease, turn: OwnedSemaphorePermit) -> LeaseInfo {
+        let hold_until = n.max_hold.and_then(|h| n.sent.checked_add(h));
+        LeaseInfo {
+            id: n.id,
+            key: n.key,
+            token: n.token,
+            ttl: n.ttl,
+            watchdog: n.watchdog,
+            safety: n.safety,
+            hold_until,
+            lost: CancellationToken::new(),
+            deadline: Mutex::new(deadline_of(n.sent, n.lease, n.safety, hold_until)),
+            turn: Mutex::new(Some(turn)),
+        }
+    }
+
+    /// The local deadline now.
+    pub(crate) fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn extend(&self, sent: Instant, lease: Duration) {
+        let d = deadline_of(sent, lease, self.safety, self.hold_until);
+        let mut cur = self.deadline.lock().unwrap_or_else(|p| p.into_inner());
+        *cur = (*cur).max(d);
+    }
+
+    /// Lost, released, or past the local deadline: checked on the caller's clock, without
+    /// waiting for the monitor to run.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled() || Instant::now() >= self.deadline()
+    }
+
+    /// Past the local deadline (a loss, unlike the end of the lease by release).
+    pub(crate) fn is_lost_by_deadline(&self) -> bool {
+        Instant::now() >= self.deadline()
+    }
+
+    /// Resolves once [`is_lost`](Self::is_lost) holds.
+    pub(crate) async fn lost(&self) {
+        // Bounded: each round waits for the deadline, which only moves with a renewal.
+        loop {
+            if self.is_lost() {
+                return;
+            }
+            tokio::select! {
+                () = self.lost.cancelled() => return,
+                () = tokio::time::sleep_until(self.deadline()) => {}
+            }
+        }
+    }
+
     /// Gives up the local turn (idempotent).
     pub(crate) fn leave_turn(&self) {
         drop(self.turn.lock().unwrap_or_else(|p| p.into_inner()).take());
@@ -53,29 +132,42 @@ impl LeaseInfo {
 }
 
 /// The margin taken off every deadline: covers clock-rate differences between this host and
-/// the server, and the time a loss takes to act on.
-pub(crate) fn margin(ttl: Duration) -> Duration {
-    ttl / 20 + Duration::from_millis(1)
+/// the server and the time a loss takes to act on. The locker's safety margin, or a twentieth
+/// of the lease if that is larger, but never more than a quarter of the lease (the renewal at
+/// a third must come before the deadline, with room for its round trip).
+pub(crate) fn margin(lease: Duration, safety: Duration) -> Duration {
+    safety.max(lease / 20).min(lease / 4)
+}
+
+fn deadline_of(
+    sent: Instant,
+    lease: Duration,
+    safety: Duration,
+    hold_until: Option<Instant>,
+) -> Instant {
+    let d = sent + (lease - margin(lease, safety));
+    hold_until.map_or(d, |h| d.min(h))
 }
 
 struct State {
     info: Arc<LeaseInfo>,
-    deadline: Instant,
     next_renew: Instant,
     /// Leases due within this much of a scan are renewed in the same batch: a sixth of the
     /// current lease, so a short first lease (a granted waiter's) is not renewed at once.
     window: Duration,
     in_flight: bool,
+    /// Renewals failed in a row, for the retry backoff.
+    failures: u32,
 }
 
 impl State {
     fn new(info: Arc<LeaseInfo>, sent: Instant, lease: Duration) -> State {
         let mut st = State {
             info,
-            deadline: sent,
             next_renew: sent,
             window: Duration::ZERO,
             in_flight: false,
+            failures: 0,
         };
         st.runs(sent, lease);
         st
@@ -83,18 +175,38 @@ impl State {
 
     /// The lease now runs `lease` from `sent` (the send time of the request that got it).
     fn runs(&mut self, sent: Instant, lease: Duration) {
-        self.deadline = sent + lease - margin(lease);
+        self.info.extend(sent, lease);
         self.next_renew = sent + lease / 3;
         self.window = lease / 6;
+        self.failures = 0;
+    }
+
+    fn renews(&self) -> bool {
+        self.info.watchdog
+            && !self.in_flight
+            && self.info.hold_until.is_none_or(|h| self.next_renew < h)
     }
 
     /// When the monitor must look at this lease next.
     fn due(&self) -> Instant {
-        if self.info.watchdog && !self.in_flight {
-            self.deadline.min(self.next_renew)
+        let deadline = self.info.deadline();
+        if self.renews() {
+            deadline.min(self.next_renew)
         } else {
-            self.deadline
+            deadline
         }
+    }
+
+    /// Schedules the retry of a failed renewal: exponential backoff, but always before the
+    /// deadline.
+    fn retry_later(&mut self, now: Instant) {
+        self.failures = self.failures.saturating_add(1);
+        let base = (self.info.ttl / 30).clamp(RETRY_MIN, RETRY_MAX);
+        let backoff = base
+            .saturating_mul(1 << self.failures.min(8))
+            .min(RETRY_MAX);
+        let left = self.info.deadline().saturating_duration_since(now);
+        self.next_renew = now + backoff.min(left / 2).max(RETRY_MIN);
     }
 }
 
@@ -112,8 +224,11 @@ struct Table {
     /// The shortest time from acquire to first look of any lease seen: an idle task scans
     /// this often, so a stream of acquire/release pairs with the same ttl never wakes it.
     idle_step: Option<Duration>,
-    /// Set when the task is gone (runtime shutting down) or the `Locker` dropped.
+    /// Set when the task is gone (its runtime shut down) or the `Locker` dropped.
     closed: bool,
+    /// Rate limit of renewal-failure warnings.
+    last_warn: Option<Instant>,
+    suppressed: u64,
 }
 
 impl Shared {
@@ -129,32 +244,47 @@ type Outcome = (
     Result<Vec<bool>, crate::error::BackendError>,
 );
 
-/// Handle to a locker's monitor task; dropping it ends the task.
+/// Handle to one monitor task; dropping it ends the task.
 pub(crate) struct Monitor {
     shared: Arc<Shared>,
 }
 
 impl Monitor {
-    pub(crate) fn spawn(backend: Arc<Backend>) -> Monitor {
+    /// Starts a monitor task on the current runtime.
+    pub(crate) fn spawn(backend: Arc<Backend>, rt: &tokio::runtime::Handle) -> Monitor {
         let shared = Arc::new(Shared {
             table: Mutex::default(),
             wake: Notify::new(),
         });
-        tokio::spawn(run(backend, Closer(shared.clone())));
+        rt.spawn(run(backend, Closer(shared.clone())));
         Monitor { shared }
     }
 
-    /// Starts watching a lease acquired by a request sent at `sent`.
-    pub(crate) fn add(&self, info: Arc<LeaseInfo>, sent: Instant, lease: Duration) {
+    /// A monitor without a task (no runtime to run one): every lease added is refused.
+    pub(crate) fn closed() -> Monitor {
+        let shared = Arc::new(Shared {
+            table: Mutex::default(),
+            wake: Notify::new(),
+        });
+        shared.table().closed = true;
+        Monitor { shared }
+    }
+
+    /// Whether the task still runs (its runtime has not shut down).
+    pub(crate) fn alive(&self) -> bool {
+        !self.shared.table().closed
+    }
+
+    /// Starts watching a lease taken by a request sent at `sent` for `lease`. `false` when the
+    /// task is gone: nobody can renew, so the caller must not pretend to hold.
+    pub(crate) fn add(&self, info: Arc<LeaseInfo>, sent: Instant, lease: Duration) -> bool {
         let st = State::new(info, sent, lease);
         let due = st.due();
         // Never scan idle more often than MIN_IDLE_STEP: shorter leases just wake the task.
         let step = due.saturating_duration_since(sent).max(MIN_IDLE_STEP);
         let mut t = self.shared.table();
         if t.closed {
-            // No monitor (runtime shutting down): nobody can renew, so don't pretend to hold.
-            st.info.lost.cancel();
-            return;
+            return false;
         }
         t.leases.insert(st.info.id, st);
         t.idle_step = Some(t.idle_step.map_or(step, |s| s.min(step)));
@@ -163,6 +293,7 @@ impl Monitor {
             drop(t);
             self.shared.wake.notify_one();
         }
+        true
     }
 
     /// Stops watching (release or drop). Never blocks; the task is not woken, a scan that
@@ -180,7 +311,7 @@ impl Drop for Monitor {
 }
 
 /// Owned by the task: marks the table closed however the task ends (including its runtime
-/// dropping it), so later leases are reported lost instead of silently unwatched.
+/// dropping it), so the leases it watched are reported lost instead of silently unwatched.
 struct Closer(Arc<Shared>);
 
 impl Drop for Closer {
@@ -189,6 +320,7 @@ impl Drop for Closer {
         t.closed = true;
         for st in t.leases.values() {
             st.info.lost.cancel();
+            st.info.leave_turn();
         }
         t.leases.clear();
     }
@@ -198,47 +330,11 @@ async fn run(backend: Arc<Backend>, closer: Closer) {
     let shared = &closer.0;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Outcome>();
     loop {
-        let mut batches = Vec::new();
-        let wake = {
-            let mut t = shared.table();
-            if t.closed {
-                break;
-            }
-            let now = Instant::now();
-            let mut due: Vec<Renewal> = Vec::new();
-            t.leases.retain(|_, st| {
-                if st.deadline <= now {
-                    declare_lost(&st.info, "no successful renewal before the lease deadline");
-                    return false;
-                }
-                if st.info.watchdog && !st.in_flight && st.next_renew <= now + st.window {
-                    st.in_flight = true;
-                    due.push(st.info.clone());
-                }
-                true
-            });
-            while !due.is_empty() {
-                let rest = due.split_off(due.len().min(MAX_BATCH));
-                batches.push(std::mem::replace(&mut due, rest));
-            }
-            let wake = t
-                .leases
-                .values()
-                .map(State::due)
-                .min()
-                .unwrap_or_else(|| now + t.idle_step.unwrap_or(IDLE_SCAN));
-            t.next_scan = Some(wake);
-            wake
+        let Some((batches, wake)) = scan(&mut shared.table()) else {
+            break;
         };
         for batch in batches {
-            let backend = backend.clone();
-            let done = done_tx.clone();
-            tokio::spawn(async move {
-                let ids = batch.iter().map(|l| l.id).collect();
-                let sent = Instant::now();
-                let res = backend.renew(&batch).await;
-                let _ = done.send((ids, sent, res));
-            });
+            tokio::spawn(renew(backend.clone(), batch, done_tx.clone()));
         }
         tokio::select! {
             biased;
@@ -247,6 +343,64 @@ async fn run(backend: Arc<Backend>, closer: Closer) {
             () = tokio::time::sleep_until(wake) => {}
         }
     }
+}
+
+/// Declares passed deadlines, collects the renewals due (in batches) and says when to look
+/// next; `None` once closed.
+fn scan(t: &mut Table) -> Option<(Vec<Vec<Arc<LeaseInfo>>>, Instant)> {
+    if t.closed {
+        return None;
+    }
+    let now = Instant::now();
+    let mut due: Vec<Arc<LeaseInfo>> = Vec::new();
+    t.leases.retain(|_, st| {
+        if st.info.deadline() <= now {
+            let why = if st.info.hold_until.is_some_and(|h| h <= now) {
+                "held for max_hold; the watchdog stopped"
+            } else {
+                "no successful renewal before the lease deadline"
+            };
+            declare_lost(&st.info, why);
+            return false;
+        }
+        if st.renews() && st.next_renew <= now + st.window {
+            st.in_flight = true;
+            due.push(st.info.clone());
+        }
+        true
+    });
+    let mut batches = Vec::new();
+    while !due.is_empty() {
+        let rest = due.split_off(due.len().min(MAX_BATCH));
+        batches.push(std::mem::replace(&mut due, rest));
+    }
+    let wake = t
+        .leases
+        .values()
+        .map(State::due)
+        .min()
+        .unwrap_or_else(|| now + t.idle_step.unwrap_or(IDLE_SCAN));
+    t.next_scan = Some(wake);
+    Some((batches, wake))
+}
+
+async fn renew(
+    backend: Arc<Backend>,
+    batch: Vec<Arc<LeaseInfo>>,
+    done: mpsc::UnboundedSender<Outcome>,
+) {
+    let ids = batch.iter().map(|l| l.id).collect();
+    let renewals: Vec<Renewal<'_>> = batch
+        .iter()
+        .map(|l| Renewal {
+            lock: l.key.lock(),
+            token: &l.token,
+            lease: l.ttl,
+        })
+        .collect();
+    let sent = Instant::now();
+    let res = backend.renew(&renewals).await;
+    let _ = done.send((ids, sent, res));
 }
 
 /// The shortest idle scan interval, so a locker that once held a very short lease does not
@@ -280,23 +434,185 @@ fn apply_outcome(
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, leases = ids.len(), "lease renewal failed; retrying before the deadline");
             let now = Instant::now();
+            warn_limited(t, now, &e, ids.len());
             for id in ids {
-                let Some(st) = t.leases.get_mut(id) else {
-                    continue;
-                };
-                st.in_flight = false;
-                let retry =
-                    (st.info.ttl / 10).clamp(Duration::from_millis(5), Duration::from_millis(200));
-                st.next_renew = now + retry;
+                if let Some(st) = t.leases.get_mut(id) {
+                    st.in_flight = false;
+                    st.retry_later(now);
+                }
             }
         }
     }
 }
 
+/// One WARN per `WARN_EVERY`, naming how many were suppressed since the last.
+fn warn_limited(t: &mut Table, now: Instant, e: &crate::error::BackendError, leases: usize) {
+    if t.last_warn.is_some_and(|at| now < at + WARN_EVERY) {
+        t.suppressed += 1;
+        return;
+    }
+    tracing::warn!(error = %e, leases, suppressed = t.suppressed, "lease renewal failed; retrying with backoff before the deadline");
+    t.last_warn = Some(now);
+    t.suppressed = 0;
+}
+
 fn declare_lost(info: &LeaseInfo, why: &str) {
-    tracing::warn!(key = %info.key.user, reason = why, "lock lost");
+    tracing::warn!(key = ?&*info.key.user, reason = why, "lock lost");
     info.lost.cancel();
     info.leave_turn();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+    use crate::backend::{Attempt, Token};
+    use tokio::sync::Semaphore;
+
+    const SAFETY: Duration = Duration::from_millis(50);
+
+    fn setup(ttl: Duration, max_hold: Option<Duration>) -> (Arc<Backend>, Arc<LeaseInfo>) {
+        let backend = Arc::new(Backend::Memory(MemoryBackend::default()));
+        let key = LockKey::new("lock:", "k").unwrap();
+        let token = Token::new();
+        let Backend::Memory(m) = &*backend else {
+            unreachable!()
+        };
+        assert!(matches!(
+            m.acquire(&key, &token, ttl),
+            Attempt::Acquired { .. }
+        ));
+        let turn = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let info = LeaseInfo::new(
+            NewLease {
+                id: 1,
+                key,
+                token,
+                ttl,
+                watchdog: true,
+                safety: SAFETY,
+                max_hold,
+                sent: Instant::now(),
+                lease: ttl,
+            },
+            turn,
+        );
+        (backend, Arc::new(info))
+    }
+
+    fn pttl(backend: &Backend) -> Option<Duration> {
+        let Backend::Memory(m) = backend else {
+            unreachable!()
+        };
+        m.pttl("lock:k")
+    }
+
+    #[test]
+    fn margin_is_the_setting_within_a_twentieth_and_a_quarter() {
+        let ms = Duration::from_millis;
+        assert_eq!(margin(ms(30_000), ms(100)), ms(1500));
+        assert_eq!(margin(ms(1000), ms(100)), ms(100));
+        assert_eq!(margin(ms(200), ms(100)), ms(50));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadline_is_send_time_plus_lease_minus_margin() {
+        let ttl = Duration::from_secs(3);
+        let sent = Instant::now();
+        let (_, info) = setup(ttl, None);
+        assert_eq!(info.deadline(), sent + ttl - margin(ttl, SAFETY));
+        tokio::time::advance(ttl - margin(ttl, SAFETY) - Duration::from_millis(1)).await;
+        assert!(!info.is_lost());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        // No monitor ran: the guard still knows on its own.
+        assert!(
+            info.is_lost(),
+            "past the deadline reads as lost synchronously"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewal_comes_a_third_into_the_lease_and_moves_the_deadline() {
+        let ttl = Duration::from_secs(3);
+        let (backend, info) = setup(ttl, None);
+        let start = Instant::now();
+        let monitor = Monitor::spawn(backend.clone(), &tokio::runtime::Handle::current());
+        assert!(monitor.add(info.clone(), start, ttl));
+        tokio::time::sleep(Duration::from_millis(999)).await;
+        assert_eq!(
+            info.deadline(),
+            start + ttl - margin(ttl, SAFETY),
+            "not yet renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::task::yield_now().await;
+        let renewed_at = start + Duration::from_secs(1);
+        assert_eq!(info.deadline(), renewed_at + ttl - margin(ttl, SAFETY));
+        assert_eq!(pttl(&backend), Some(ttl - Duration::from_millis(1)));
+        // Held through many periods.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(!info.is_lost());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn taken_over_lease_is_lost_at_the_next_renewal() {
+        let ttl = Duration::from_secs(3);
+        let (backend, info) = setup(ttl, None);
+        let start = Instant::now();
+        let monitor = Monitor::spawn(backend.clone(), &tokio::runtime::Handle::current());
+        assert!(monitor.add(info.clone(), start, ttl));
+        let Backend::Memory(m) = &*backend else {
+            unreachable!()
+        };
+        assert!(m.release(&info.key, &info.token), "tampered from outside");
+        tokio::time::timeout(Duration::from_secs(2), info.lost())
+            .await
+            .expect("loss seen at the renewal a third in, before the deadline");
+        assert!(Instant::now() < start + ttl - margin(ttl, SAFETY));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_hold_stops_the_watchdog_and_reports_loss() {
+        let ttl = Duration::from_secs(3);
+        let (backend, info) = setup(ttl, Some(Duration::from_secs(10)));
+        let start = Instant::now();
+        let monitor = Monitor::spawn(backend.clone(), &tokio::runtime::Handle::current());
+        assert!(monitor.add(info.clone(), start, ttl));
+        tokio::time::timeout(Duration::from_secs(60), info.lost())
+            .await
+            .expect("lost at max_hold");
+        assert_eq!(Instant::now(), start + Duration::from_secs(10));
+        // No renewal after max_hold: the server-side lease runs out within a ttl.
+        tokio::time::sleep(ttl).await;
+        assert_eq!(pttl(&backend), None);
+    }
+
+    #[test]
+    fn a_dead_runtime_marks_its_leases_lost_and_a_new_monitor_can_start() {
+        let ttl = Duration::from_secs(3);
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let first = runtime();
+        let (backend, info, monitor) = first.block_on(async {
+            let (backend, info) = setup(ttl, None);
+            let monitor = Monitor::spawn(backend.clone(), &tokio::runtime::Handle::current());
+            assert!(monitor.add(info.clone(), Instant::now(), ttl));
+            tokio::task::yield_now().await;
+            (backend, info, monitor)
+        });
+        drop(first);
+        assert!(info.is_lost(), "its runtime is gone: nobody renews it");
+        assert!(!monitor.alive());
+        runtime().block_on(async {
+            let (_, info2) = setup(ttl, None);
+            let fresh = Monitor::spawn(backend, &tokio::runtime::Handle::current());
+            assert!(fresh.add(info2.clone(), Instant::now(), ttl));
+            assert!(!info2.is_lost());
+        });
+    }
 }

@@ -75,13 +75,19 @@
 //! key's counter was dropped for idleness; after a failover they are only as good as the
 //! replica's copy and clock.
 
+mod acquire;
 mod backend;
+mod builder;
+mod context;
 mod error;
 mod guard;
 mod key;
 mod lease;
 mod locker;
 mod options;
+mod redact;
+mod retry;
+mod section;
 mod wait;
 
 #[cfg(feature = "testing")]
@@ -90,10 +96,13 @@ pub mod testing;
 #[doc(hidden)]
 pub mod __private;
 
+pub use builder::LockerBuilder;
+pub use context::{current_lock, default_locker, set_default};
 pub use error::{BackendError, FromLockError, LockError};
 pub use guard::{HeldLock, LockGuard};
-pub use locker::{Locker, LockerBuilder, LockerStats, current_lock, default_locker, set_default};
+pub use locker::{Locker, LockerStats};
 pub use options::{LockOptions, OnLost, Wait};
+pub use section::Checked;
 
 /// Turns an `async fn` into a critical section guarded by a distributed lock.
 ///

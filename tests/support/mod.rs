@@ -40,11 +40,12 @@ impl Fx {
         }
     }
 
-    /// A new locker on this lock space: its own connections for Redis, a clone in memory.
+    /// A new locker on this lock space, as another process would have: its own connections
+    /// for Redis, a peer in memory.
     pub async fn locker(&self) -> Locker {
         match self {
             Fx::Redis(s) => Locker::connect(&s.url()).await.expect("connect"),
-            Fx::Memory(l) => l.clone(),
+            Fx::Memory(l) => l.in_memory_peer().expect("in-memory locker"),
         }
     }
 

@@ -4,11 +4,12 @@
 //! mutex (every operation is a short synchronous critical section).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::pubsub::Events;
 use super::{Attempt, Renewal, Token};
 use crate::key::LockKey;
 
@@ -31,6 +32,9 @@ struct State {
 #[derive(Default)]
 pub(crate) struct MemoryBackend {
     state: Mutex<State>,
+    /// The waiting side of every locker on this lock space, told of each release (what
+    /// Redis pub/sub does across processes).
+    peers: Mutex<Vec<Weak<dyn Events>>>,
 }
 
 impl MemoryBackend {
@@ -56,7 +60,7 @@ impl MemoryBackend {
             }
             return Attempt::Held {
                 pttl: Some(h.expires - now),
-                counter: st.last_fence,
+                counter: Some(st.last_fence),
             };
         }
         st.last_fence += 1;
@@ -77,9 +81,9 @@ impl MemoryBackend {
         let mut st = self.state();
         batch
             .iter()
-            .map(|r| match st.locks.get_mut(r.key.lock()) {
-                Some(h) if h.expires > now && h.token == r.token => {
-                    h.expires = now + r.ttl;
+            .map(|r| match st.locks.get_mut(r.lock) {
+                Some(h) if h.expires > now && h.token == *r.token => {
+                    h.expires = now + r.lease;
                     true
                 }
                 _ => false,
@@ -89,14 +93,40 @@ impl MemoryBackend {
 
     pub(crate) fn release(&self, key: &LockKey, token: &Token) -> bool {
         let now = Instant::now();
-        let mut st = self.state();
-        match st.locks.get(key.lock()) {
-            Some(h) if h.token == *token => {
-                let live = h.expires > now;
-                st.locks.remove(key.lock());
-                live
+        let freed = {
+            let mut st = self.state();
+            match st.locks.get(key.lock()) {
+                Some(h) if h.token == *token => {
+                    let live = h.expires > now;
+                    st.locks.remove(key.lock());
+                    live
+                }
+                _ => false,
             }
-            _ => false,
+        };
+        if freed {
+            self.announce(&key.tag);
+        }
+        freed
+    }
+
+    /// Adds a locker's waiting side to the release announcements.
+    pub(crate) fn attach(&self, events: Weak<dyn Events>) {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        peers.retain(|p| p.strong_count() > 0);
+        peers.push(events);
+    }
+
+    fn announce(&self, tag: &str) {
+        let peers: Vec<_> = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for p in peers {
+            p.message(tag, b"r");
         }
     }
 

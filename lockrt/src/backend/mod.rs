@@ -4,6 +4,7 @@
 //! Nothing here waits for a lock or keeps time: that is `wait.rs` and `lease.rs`.
 
 pub(crate) mod memory;
+pub(crate) mod pubsub;
 pub(crate) mod redis;
 
 use std::time::Duration;
@@ -62,14 +63,17 @@ impl std::fmt::Debug for Token {
 /// The result of one acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attempt {
-    /// The token holds the lock now, with this fence.
+    /// The token holds the lock now, with this fence, for a fresh lease counted from no
+    /// earlier than the request's send time.
     Acquired { fence: u64 },
-    /// Another owner holds it; its remaining lease, when it has one.
+    /// Another owner holds it (or it is promised to an earlier waiter).
     Held {
+        /// The holder's remaining lease, when it has one.
         pttl: Option<Duration>,
-        /// The key's fencing counter when the attempt ran: a grant with a fence not above it
-        /// ran out before the attempt (0 when unknown).
-        counter: u64,
+        /// The key's fencing counter when the attempt ran, `None` when the counter did not
+        /// exist: a grant with a fence not above a known counter ran out before the attempt;
+        /// with the counter unknown, a grant must be confirmed by another attempt.
+        counter: Option<u64>,
     },
 }
 
@@ -93,8 +97,14 @@ pub(crate) enum Released {
     HandedOver,
 }
 
-/// One lease to renew: the lease itself, shared with its guard rather than copied.
-pub(crate) type Renewal = std::sync::Arc<crate::lease::LeaseInfo>;
+/// What renewing one lease needs: the lock's Redis key, its owner token, the new lease.
+/// Borrowed from the lease table's entries for the duration of one batch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Renewal<'a> {
+    pub(crate) lock: &'a str,
+    pub(crate) token: &'a Token,
+    pub(crate) lease: Duration,
+}
 
 // One per `Locker`, behind an `Arc`: the size difference costs nothing, a `Box` would cost an
 // indirection on every command. (TLS support makes the Redis variant larger.)
@@ -120,7 +130,7 @@ impl Backend {
     }
 
     /// Renews each lease if its token still owns it; `true` per renewed lease.
-    pub(crate) async fn renew(&self, batch: &[Renewal]) -> Result<Vec<bool>, BackendError> {
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {
         match self {
             Backend::Redis(b) => b.renew(batch).await,
             Backend::Memory(b) => Ok(b.renew(batch)),
@@ -144,6 +154,14 @@ impl Backend {
         }
     }
 
+    /// Release notifications from other processes, when the backend has any (Redis pub/sub).
+    pub(crate) fn subscriber(&self) -> Option<pubsub::Subscriber> {
+        match self {
+            Backend::Redis(b) => Some(b.subscriber()),
+            Backend::Memory(_) => None,
+        }
+    }
+
     /// The server's address without credentials, for messages.
     pub(crate) fn addr(&self) -> &str {
         match self {
@@ -153,6 +171,7 @@ impl Backend {
     }
 }
 
+/// Milliseconds for a script argument: at least 1 (0 would mean "no lease"), saturating.
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }

@@ -1,36 +1,38 @@
--- (lock.lua comes first: `now_us`, `now_ms`, `owns`, `take_lock`.)
--- Takes lock KEYS[1] for owner token ARGV[1] (32 hex chars) with a lease of ARGV[2] ms.
--- KEYS[2]: the lock's fencing counter, created with a lifetime of ARGV[3] ms.
+-- (lock.lua comes first: `rid`, `now_us`, `now_ms`, `owns`, `take_lock`.)
+-- Takes lock KEYS[1] for owner token ARGV[2] (32 hex chars) with a lease of ARGV[3] ms.
+-- KEYS[2]: the lock's fencing counter (lifetime ARGV[4] ms, see `take_lock`).
 -- KEYS[3], KEYS[4]: the lock's waiter queue (zset token -> arrival) and waiter details
 -- (hash token -> "<registration expiry ms>:<grant lease ms>"), so that a release hands the
 -- lock straight to the longest waiter and waiters of different processes are served in order.
--- ARGV[4] > 0: on failure, queue ARGV[1] (or refresh its place) for that many ms; the lease
--- it is granted on release is ARGV[5] ms.
+-- ARGV[5] > 0: on failure, queue ARGV[2] (or refresh its place) for that many ms; the lease
+-- it is granted on release is ARGV[6] ms.
 -- The lock's value is "<token>:<fence>": a retry of an acquire whose reply was lost, or a
--- waiter that missed its grant message, finds its own token and gets the same fence back.
--- Returns {1, fence} when ARGV[1] holds the lock now; {0, pttl, counter} when another owner
--- holds it; {0, -3, counter} when the lock is free but promised to an earlier waiter. `counter`
--- is the fencing counter's value: a grant to ARGV[1] with a fence not above it is stale (its
--- lease ran out before this call, or this call would have found ARGV[1] holding the lock).
--- The uncontended path (free, nobody queued) makes only EXISTS, INCR and SET: every other
--- call, TIME included, is made only when its branch needs it.
-local token = ARGV[1]
+-- waiter that missed its grant message, finds its own token, gets the same fence back and a
+-- fresh lease of ARGV[3] ms.
+-- Returns {rid, 1, fence} when ARGV[2] holds the lock now; {rid, 0, pttl, counter} when
+-- another owner holds it; {rid, 0, -3, counter} when the lock is free but promised to an
+-- earlier waiter. `counter` is the fencing counter's value, -1 when it does not exist: a grant
+-- to ARGV[2] with a fence not above a known counter is stale (its lease ran out before this
+-- call, or this call would have found ARGV[2] holding the lock), and with the counter unknown
+-- a grant must be confirmed by another call.
+-- The uncontended path (free, nobody queued) makes only EXISTS, INCR and SET.
+local token = ARGV[2]
 
 if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
-  return {1, (take_lock(token, ARGV[2]))}
+  return {rid, 1, (take_lock(token, ARGV[3], ARGV[4]))}
 end
 
 local function counter()
-  return tonumber(redis.call('GET', KEYS[2]) or '0')
+  return tonumber(redis.call('GET', KEYS[2]) or '-1')
 end
 
 local function enqueue()
-  local reg = tonumber(ARGV[4])
+  local reg = tonumber(ARGV[5])
   if reg <= 0 then return end
   if not redis.call('ZSCORE', KEYS[3], token) then
     redis.call('ZADD', KEYS[3], now_us(), token)
   end
-  redis.call('HSET', KEYS[4], token, string.format('%.0f', now_ms() + reg) .. ':' .. ARGV[5])
+  redis.call('HSET', KEYS[4], token, string.format('%.0f', now_ms() + reg) .. ':' .. ARGV[6])
   redis.call('PEXPIRE', KEYS[3], reg * 2)
   redis.call('PEXPIRE', KEYS[4], reg * 2)
 end
@@ -38,11 +40,11 @@ end
 local cur = redis.call('GET', KEYS[1])
 if cur then
   if owns(cur, token) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, tonumber(string.sub(cur, 34))}
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return {rid, 1, tonumber(string.sub(cur, 34))}
   end
   enqueue()
-  return {0, redis.call('PTTL', KEYS[1]), counter()}
+  return {rid, 0, redis.call('PTTL', KEYS[1]), counter()}
 end
 
 -- Free. The longest live waiter has precedence; stale registrations are dropped.
@@ -56,7 +58,7 @@ for _ = 1, 64 do
   if expiry and expiry > now_ms() then
     if head ~= token then
       enqueue()
-      return {0, -3, counter()}
+      return {rid, 0, -3, counter()}
     end
     break
   end
@@ -68,4 +70,4 @@ if queued then
   redis.call('HDEL', KEYS[4], token)
 end
 
-return {1, (take_lock(token, ARGV[2]))}
+return {rid, 1, (take_lock(token, ARGV[3], ARGV[4]))}

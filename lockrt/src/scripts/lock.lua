@@ -1,4 +1,8 @@
 -- Shared by acquire.lua, release.lua and renew.lua: prepended to each when it is built.
+-- Every script takes a request id in ARGV[1] and returns it as the first element of its reply,
+-- so a client can tell a reply that belongs to another request (a dropped or shifted reply on a
+-- pipelined connection) from its own.
+local rid = ARGV[1]
 
 -- The server time, read at most once per script call and only by the branches that need it.
 local clock
@@ -12,18 +16,20 @@ end
 
 -- Whether lock value `cur` ("<token>:<fence>", or false for no key) belongs to owner `token`.
 local function owns(cur, token)
-  return cur and string.sub(cur, 1, 32) == token
+  return type(cur) == 'string' and string.sub(cur, 1, 32) == token
 end
 
--- Gives lock KEYS[1] to `holder` for `lease` ms with the next fence from counter KEYS[2]
--- (lifetime ARGV[3] ms); returns the fence and its decimal text. A live counter increments;
--- a new one starts at the server time in µs, above any fence an expired counter can have
--- issued (it grew by at most one per acquisition).
-local function take_lock(holder, lease)
+-- Gives lock KEYS[1] to `holder` for `lease` ms with the next fence from counter KEYS[2];
+-- returns the fence and its decimal text. A live counter increments; a new one starts at the
+-- server time in µs, above any fence an expired counter can have issued (it grew by at most
+-- one per acquisition). The counter's lifetime is one rule for every script: `retention` ms,
+-- and never less than twice the lease, so it outlives the lock it fences.
+local function take_lock(holder, lease, retention)
   local fence = redis.call('INCR', KEYS[2])
   if fence == 1 then
     fence = now_us()
-    redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+    local life = math.max(tonumber(retention), 2 * tonumber(lease))
+    redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', string.format('%.0f', life))
   end
   -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
   local text = string.format('%.0f', fence)

@@ -1,22 +1,23 @@
--- (lock.lua comes first: `now_ms`, `owns`, `take_lock`.)
--- Releases lock KEYS[1] if owner token ARGV[1] holds it; otherwise only drops ARGV[1] from
--- the waiter queue (a waiter that gave up: a holder is never queued). KEYS[2..4], ARGV[3]:
--- as in acquire.lua.
+-- (lock.lua comes first: `rid`, `now_ms`, `owns`, `take_lock`.)
+-- Releases lock KEYS[1] if owner token ARGV[2] holds it; otherwise only drops ARGV[2] from
+-- the waiter queue (a waiter that gave up: a holder is never queued). KEYS[2..4] and ARGV[4]
+-- (the fencing counter's retention): as in acquire.lua.
 -- If live waiters are queued, the lock goes straight to the longest one, with the lease it
--- registered, and "g:<token>:<fence>" is published on channel ARGV[2]; otherwise "r" when
+-- registered, and "g:<token>:<fence>" is published on channel ARGV[3]; otherwise "r" when
 -- stale registrations were dropped. With nobody queued nothing is published: every waiter
 -- joins the queue in the same script call that finds the lock busy, so an empty queue means
 -- no waiter to wake (one whose registration went stale still retries on its own timer).
--- Never deletes another owner's lock. Returns 0 if ARGV[1] did not hold the lock, 1 if it
--- was released, 2 if it was released and handed to a waiter.
--- The plain path (ours, nobody queued) makes only GET, DEL and ZRANGE.
-local token = ARGV[1]
+-- PUBLISH may be denied (an ACL without channel rights): the release and hand-over have
+-- happened by then and stand; waiters fall back to their timed retry.
+-- Never deletes another owner's lock. Returns {rid, n}: n = 0 if ARGV[2] did not hold the
+-- lock, 1 if it was released, 2 if it was released and handed to a waiter.
+local token = ARGV[2]
 local cur = redis.call('GET', KEYS[1])
 if not owns(cur, token) then
   -- Not the holder: a waiter that gave up, or a late release. Only its queue place goes.
   redis.call('ZREM', KEYS[3], token)
   redis.call('HDEL', KEYS[4], token)
-  return 0
+  return {rid, 0}
 end
 redis.call('DEL', KEYS[1])
 
@@ -31,10 +32,10 @@ for _ = 1, 64 do
   local expiry, lease = string.match(info or '', '^(%d+):(%d+)$')
   -- A holder leaves the queue when it takes the lock; never hand the lock back to it.
   if head ~= token and expiry and tonumber(expiry) > now_ms() then
-    local _, f = take_lock(head, lease)
-    redis.call('PUBLISH', ARGV[2], 'g:' .. head .. ':' .. f)
-    return 2
+    local _, f = take_lock(head, lease, ARGV[4])
+    redis.pcall('PUBLISH', ARGV[3], 'g:' .. head .. ':' .. f)
+    return {rid, 2}
   end
 end
-if queued then redis.call('PUBLISH', ARGV[2], 'r') end
-return 1
+if queued then redis.pcall('PUBLISH', ARGV[3], 'r') end
+return {rid, 1}

@@ -1,16 +1,18 @@
--- (lock.lua comes first: `owns`.)
+-- (lock.lua comes first: `rid`, `owns`.)
 -- Renews a batch of leases in one round trip. For lock i (1..n): KEYS[i] is the lock,
--- ARGV[i] the owner token, ARGV[n + i] the new lease in ms. Only the owner may extend.
--- Returns one entry per lock: 1 renewed, 0 no longer held by that token.
+-- ARGV[1 + i] the owner token, ARGV[1 + n + i] the new lease in ms. Only the owner may extend.
+-- Each key is read with pcall: a key someone overwrote with another type (WRONGTYPE) is
+-- "not held" for its own lease only, and never aborts the batch.
+-- Returns {rid, r1, ..., rn}: ri = 1 renewed, 0 no longer held by that token.
 local n = #KEYS
-local out = {}
+local out = {rid}
 for i = 1, n do
-  local cur = redis.call('GET', KEYS[i])
-  if owns(cur, ARGV[i]) then
-    redis.call('PEXPIRE', KEYS[i], ARGV[n + i])
-    out[i] = 1
+  local cur = redis.pcall('GET', KEYS[i])
+  if owns(cur, ARGV[1 + i]) then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1 + n + i])
+    out[i + 1] = 1
   else
-    out[i] = 0
+    out[i + 1] = 0
   end
 end
 return out

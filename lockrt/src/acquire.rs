@@ -1,0 +1,472 @@
+//! Taking a lock: [`Locker::acquire`] and [`Locker::try_acquire`], as named steps.
+//!
+//! 1. **Turn**: this locker's callers for a key queue in arrival order (a one-permit fair
+//!    semaphore); only the head talks to Redis. A task that already holds the key through a
+//!    guard fails at once instead of waiting for itself.
+//! 2. **Attempt**: one acquire script call, retried with the same owner token when its
+//!    outcome is unknown (the script recognises the token), so it resolves to "held by us" or
+//!    "held by another", never to an orphan or to two holders.
+//! 3. **Wait**: subscribed to the lock's release channel *before* retrying, then retry on each
+//!    release message, or a bounded fallback timer; a release may hand the lock straight to
+//!    this waiter (a grant).
+//! 4. **Hold**: the lease goes to the monitor and a guard is returned.
+//!
+//! Every lock handed out has a local deadline counted from the *send* time of the request that
+//! took it, and is handed out only while that deadline is at least the safety margin away: a
+//! reply that came too late, or a grant whose message came late, is confirmed by another
+//! attempt with the same token (which extends the lease if it is still ours) instead. From the
+//! first request sent until the guard exists, a compensation is armed: however the call ends
+//! (timeout, error, cancellation at any await), a release by token removes whatever the
+//! requests may have left (a lock or a queue place), in the background and bounded in time.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use crate::LockError;
+use crate::backend::{Attempt, Queueing, Token};
+use crate::builder::{MAX_TTL, MIN_TTL};
+use crate::error::BackendError;
+use crate::guard::LockGuard;
+use crate::key::LockKey;
+use crate::lease::{LeaseInfo, NewLease, margin};
+use crate::locker::Locker;
+use crate::options::{LockOptions, Wait};
+use crate::retry::Backoff;
+use crate::wait::{EntryHandle, Grant, Listener, Owner};
+
+/// How long a queued waiter's registration lives without a refresh (it refreshes at half).
+const REGISTRATION: Duration = Duration::from_secs(2);
+/// Lease handed to a waiter with a watchdog; its first renewal extends it to the full ttl.
+const GRANT_LEASE: Duration = Duration::from_secs(2);
+/// Retries of one attempt whose outcome stays unknown (reply lost, connection reset).
+const ATTEMPT_RETRIES: u32 = 3;
+/// Retries may start this long after the call began even when `wait` is shorter, so one
+/// dropped connection does not fail a `try_acquire`.
+const MIN_RETRY_WINDOW: Duration = Duration::from_millis(100);
+/// Attempts in a row whose lock came back with too little lease left, before giving up.
+const MAX_LATE: u32 = 3;
+
+impl Locker {
+    /// Takes the lock, waiting up to the options' `wait` (or the locker's default).
+    /// `Err(Timeout)` when it stayed busy, `Err(Backend)` when Redis failed,
+    /// `Err(HeldByThisTask)` when this task already holds it through a guard.
+    ///
+    /// The call returns within `wait` (at least 100 ms) plus one connect and one response
+    /// timeout, even against a server that stopped answering.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// use std::time::Duration;
+    /// let locker = lockrt::Locker::in_memory();
+    /// let guard = locker.acquire("stock:1", lockrt::LockOptions::new()).await?;
+    /// let other = locker.clone();
+    /// let busy = tokio::spawn(async move {
+    ///     other.acquire("stock:1", lockrt::LockOptions::new().wait(Duration::from_millis(10))).await
+    /// });
+    /// assert!(busy.await.unwrap().unwrap_err().is_timeout());
+    /// drop(guard);
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire(&self, key: &str, opts: LockOptions) -> Result<LockGuard, LockError> {
+        let wait = opts.wait.unwrap_or(self.settings().default_wait);
+        Acquisition::new(self, key, opts, wait)?.run().await
+    }
+
+    /// One attempt: `Ok(None)` when another owner holds the lock. Ignores the options' wait.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::in_memory();
+    /// let first = locker.try_acquire("k", lockrt::LockOptions::new()).await?;
+    /// assert!(first.is_some());
+    /// let other = locker.clone();
+    /// let second = tokio::spawn(async move {
+    ///     other.try_acquire("k", lockrt::LockOptions::new()).await
+    /// });
+    /// assert!(second.await.unwrap()?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        opts: LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let once = Acquisition::new(self, key, opts, Wait::For(Duration::ZERO))?;
+        match once.run().await {
+            Ok(g) => Ok(Some(g)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A lock an attempt or a grant took: its fence and the lease counted from `sent`.
+#[derive(Debug, Clone, Copy)]
+struct Taken {
+    fence: u64,
+    sent: Instant,
+    lease: Duration,
+}
+
+/// What the latest busy attempt saw.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    sent: Option<Instant>,
+    pttl: Option<Duration>,
+    /// The fencing counter, `None` when unknown (a grant must then be confirmed).
+    counter: Option<u64>,
+}
+
+/// One call of `acquire`/`try_acquire`, from its options to a guard.
+struct Acquisition<'a> {
+    locker: &'a Locker,
+    key: LockKey,
+    ttl: Duration,
+    opts: LockOptions,
+    start: Instant,
+    /// When `wait` ends (`None`: never).
+    deadline: Option<Instant>,
+    /// No retry of a failed request starts after this.
+    retry_end: Option<Instant>,
+    token: Token,
+    queue: Option<Queueing>,
+}
+
+impl<'a> Acquisition<'a> {
+    fn new(
+        locker: &'a Locker,
+        user_key: &str,
+        opts: LockOptions,
+        wait: Wait,
+    ) -> Result<Self, LockError> {
+        let key = LockKey::new(locker.prefix(), user_key)?;
+        let ttl = opts
+            .ttl
+            .unwrap_or(locker.settings().default_ttl)
+            .clamp(MIN_TTL, MAX_TTL);
+        let start = Instant::now();
+        // A wait too large to add to the clock is no limit at all.
+        let deadline = match wait {
+            Wait::For(d) => start.checked_add(d),
+            Wait::Forever => None,
+        };
+        // A caller that may wait joins the lock's cross-process queue on its first failed
+        // attempt; a release then hands it the lock with a short lease that its watchdog
+        // extends (a waiter that died meanwhile blocks the lock only that long).
+        let queue = (wait != Wait::For(Duration::ZERO)).then(|| Queueing {
+            register: REGISTRATION,
+            grant_lease: if opts.watchdog {
+                ttl.min(GRANT_LEASE)
+            } else {
+                ttl
+            },
+        });
+        Ok(Acquisition {
+            locker,
+            key,
+            ttl,
+            opts,
+            start,
+            deadline,
+            retry_end: deadline.map(|d| d.max(start + MIN_RETRY_WINDOW)),
+            token: Token::new(),
+            queue,
+        })
+    }
+
+    async fn run(self) -> Result<LockGuard, LockError> {
+        let entry = self.locker.inner.notifier.entry(&self.key.tag);
+        let turn = self.take_turn(&entry).await?;
+        let mut pending = Pending {
+            locker: self.locker,
+            key: &self.key,
+            token: self.token,
+            bound: REGISTRATION.max(self.ttl),
+            armed: false,
+        };
+        let mut seen = Seen::default();
+        let taken = match self.attempt(&mut pending, &mut seen).await? {
+            Some(t) => t,
+            None if self.expired() => return Err(self.timeout("busy")),
+            None => self.wait_for_lock(&entry, &mut pending, &mut seen).await?,
+        };
+        pending.armed = false;
+        Ok(self.hold(entry, turn, taken))
+    }
+
+    /// Step 1: this locker's FIFO turn for the key.
+    async fn take_turn(&self, entry: &EntryHandle) -> Result<OwnedSemaphorePermit, LockError> {
+        let turn = entry.turn();
+        if let Ok(p) = turn.clone().try_acquire_owned() {
+            return Ok(p);
+        }
+        if entry.held_by(Owner::current()) {
+            return Err(LockError::HeldByThisTask {
+                key: self.key.user.to_string(),
+            });
+        }
+        let _waiting = Counted::new(&self.locker.inner.waiting);
+        let permit = within(self.deadline, turn.acquire_owned()).await;
+        match permit {
+            Some(Ok(p)) => Ok(p),
+            // Turn semaphores are never closed; a closed one reads as a timeout.
+            Some(Err(_)) | None => Err(self.timeout("queued behind this locker's callers")),
+        }
+    }
+
+    /// Step 2: one attempt, retried while its outcome is unknown. `Ok(None)`: busy (what the
+    /// attempt saw is in `seen`).
+    async fn attempt(
+        &self,
+        pending: &mut Pending<'_>,
+        seen: &mut Seen,
+    ) -> Result<Option<Taken>, LockError> {
+        let mut backoff = Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(200),
+            ATTEMPT_RETRIES,
+        );
+        if let Some(end) = self.retry_end {
+            backoff = backoff.until(end);
+        }
+        let mut late = 0;
+        loop {
+            let sent = Instant::now();
+            pending.armed = true;
+            let res = self
+                .locker
+                .backend()
+                .acquire(&self.key, &self.token, self.ttl, self.queue)
+                .await;
+            match res {
+                Ok(Attempt::Acquired { fence }) => {
+                    let taken = Taken {
+                        fence,
+                        sent,
+                        lease: self.ttl,
+                    };
+                    if self.fresh(&taken) {
+                        return Ok(Some(taken));
+                    }
+                    // Ours, but the reply came too late to use: the next attempt (same
+                    // token) extends it with a fresh send time, or tells us it is gone.
+                    late += 1;
+                    if late >= MAX_LATE || self.retry_end.is_some_and(|e| Instant::now() >= e) {
+                        return Err(self.too_late());
+                    }
+                }
+                Ok(Attempt::Held { pttl, counter }) => {
+                    // Nothing of ours is left in Redis but a queue place, if we took one.
+                    pending.armed = self.queue.is_some();
+                    *seen = Seen {
+                        sent: Some(sent),
+                        pttl,
+                        counter,
+                    };
+                    return Ok(None);
+                }
+                Err(e) if backoff.retry(&e).await => {}
+                Err(e) => {
+                    // Returned to the caller, who decides how loud it is.
+                    tracing::debug!(key = ?&*self.key.user, error = %e, "acquire failed");
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    /// Step 3: listen for releases, retry on each, take a grant when one comes.
+    async fn wait_for_lock(
+        &self,
+        entry: &EntryHandle,
+        pending: &mut Pending<'_>,
+        seen: &mut Seen,
+    ) -> Result<Taken, LockError> {
+        let _waiting = Counted::new(&self.locker.inner.waiting);
+        let listener = within(self.deadline, entry.listen())
+            .await
+            .ok_or_else(|| self.timeout("busy"))??;
+        // Subscribed now: retry at once, then after every release message (or fallback).
+        loop {
+            let notified = listener.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(taken) = self.usable_grant(&listener, seen) {
+                return Ok(taken);
+            }
+            if let Some(taken) = self.attempt(pending, seen).await? {
+                return Ok(taken);
+            }
+            if self.expired() {
+                return Err(self.timeout("busy"));
+            }
+            // Fallback in case a message is lost: when the holder's lease runs out, and
+            // often enough to keep the queue registration fresh.
+            let fallback = seen.pttl.map_or(REGISTRATION / 2, |p| {
+                (p + Duration::from_millis(1)).min(REGISTRATION / 2)
+            });
+            let mut until = Instant::now() + fallback;
+            if let Some(d) = self.deadline {
+                until = until.min(d);
+            }
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    /// A grant to this waiter that can be used as it is: newer than every fence the latest
+    /// busy attempt could have seen, and with enough of its lease left counted from that
+    /// attempt (the release that granted it ran after the attempt, so the real lease ends
+    /// later). Anything else is confirmed by the next attempt.
+    fn usable_grant(&self, listener: &Listener<'_>, seen: &Seen) -> Option<Taken> {
+        let Grant { fence, .. } = listener.take_grant(self.token.as_str())?;
+        let taken = Taken {
+            fence,
+            sent: seen.sent?,
+            lease: self.queue.map_or(self.ttl, |q| q.grant_lease),
+        };
+        (seen.counter.is_some_and(|c| fence > c) && self.fresh(&taken)).then_some(taken)
+    }
+
+    /// Step 4: the lease to the monitor, the guard to the caller.
+    fn hold(&self, entry: EntryHandle, turn: OwnedSemaphorePermit, taken: Taken) -> LockGuard {
+        let settings = self.locker.settings();
+        let info = Arc::new(LeaseInfo::new(
+            NewLease {
+                id: self.locker.next_lease_id(),
+                key: self.key.clone(),
+                token: self.token,
+                ttl: self.ttl,
+                watchdog: self.opts.watchdog,
+                safety: settings.safety_margin,
+                max_hold: self.opts.max_hold.or(settings.default_max_hold),
+                sent: taken.sent,
+                lease: taken.lease,
+            },
+            turn,
+        ));
+        let monitor = self.locker.monitor();
+        let watched = monitor
+            .as_ref()
+            .is_some_and(|m| m.add(info.clone(), taken.sent, taken.lease));
+        if !watched {
+            // Nobody can renew it (no runtime left): don't pretend to hold.
+            info.lost.cancel();
+        }
+        entry.set_holder(Owner::current(), &info);
+        self.locker.note_held();
+        tracing::debug!(
+            key = ?&*self.key.user,
+            fence = taken.fence,
+            waited_ms = self.start.elapsed().as_millis() as u64,
+            outcome = "acquired",
+            "acquire"
+        );
+        let monitor = monitor.unwrap_or_else(|| Arc::new(crate::lease::Monitor::closed()));
+        LockGuard::new(self.locker.clone(), monitor, info, taken.fence, entry)
+    }
+
+    /// Whether a lock taken like this still has at least the safety margin left before its
+    /// local deadline.
+    fn fresh(&self, t: &Taken) -> bool {
+        let m = margin(t.lease, self.locker.settings().safety_margin);
+        Instant::now() + m <= t.sent + (t.lease - m)
+    }
+
+    fn expired(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    fn timeout(&self, why: &str) -> LockError {
+        tracing::debug!(key = ?&*self.key.user, outcome = "timeout", why, "acquire");
+        LockError::Timeout {
+            key: self.key.user.to_string(),
+            waited: self.start.elapsed(),
+        }
+    }
+
+    fn too_late(&self) -> LockError {
+        BackendError::new(
+            self.locker.backend().addr(),
+            format!(
+                "replies took so long that less than the safety margin of the {}ms lease was \
+                 left; raise `ttl` or check the network and the server's load",
+                self.ttl.as_millis()
+            ),
+        )
+        .into()
+    }
+}
+
+/// The compensation for requests sent on behalf of an acquisition that did not end in a
+/// guard: a release by token (which also leaves the waiter queue), spawned when dropped armed.
+struct Pending<'a> {
+    locker: &'a Locker,
+    key: &'a LockKey,
+    token: Token,
+    bound: Duration,
+    armed: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            spawn_cleanup(self.locker, self.key.clone(), self.token, self.bound);
+        }
+    }
+}
+
+/// Removes whatever requests with `token` may have left, in the background, retrying
+/// transient failures for at most `bound` (after that the lease has ended it anyway) and
+/// stopping at once on a permanent error.
+fn spawn_cleanup(locker: &Locker, key: LockKey, token: Token, bound: Duration) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let locker = locker.clone();
+    rt.spawn(async move {
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500), 64)
+            .until(Instant::now() + bound);
+        loop {
+            match locker.backend().release(&key, &token).await {
+                Ok(crate::backend::Released::Freed) => return locker.wake(&key.tag),
+                Ok(_) => return,
+                Err(e) if backoff.retry(&e).await => {}
+                Err(e) => {
+                    tracing::debug!(key = ?&*key.user, error = %e, "cleanup of an abandoned acquire failed; its lease ends it");
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// `fut`'s output, or `None` if `deadline` passes first (`None` deadline: no limit).
+async fn within<F: Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, fut).await.ok(),
+        None => Some(fut.await),
+    }
+}
+
+/// Counts a caller in a gauge for as long as it lives.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(gauge: &'a AtomicUsize) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,364 @@
+//! Release notifications over Redis pub/sub: one subscriber connection per `Locker`, owned by
+//! one task that subscribes a lock's channel when its first listener appears and unsubscribes
+//! `LINGER` after the last goes (under steady contention the next wait starts long before, and
+//! skips a round trip).
+//!
+//! The task reports to the waiting side through [`Events`]: a message on a lock's channel, or
+//! "messages may have been missed" (a new or lost connection), after which every waiter
+//! retries. It never decides anything about locks. The task restarts on the runtime of the
+//! next subscriber when its own runtime is gone, and ends when the `Locker` is dropped.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::Client;
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::error::BackendError;
+use crate::key::{channel_of, tag_of_channel};
+
+/// How long a channel stays subscribed after its last listener left: a wait that starts
+/// within it needs no `SUBSCRIBE` round trip.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// Delay before reconnecting after a failed (re)subscription.
+const RECONNECT_DELAY: Duration = Duration::from_millis(200);
+
+/// What the subscriber reports to the waiting side.
+pub(crate) trait Events: Send + Sync {
+    /// A message on the release channel of the lock with tag `tag`.
+    fn message(&self, tag: &str, payload: &[u8]);
+    /// Messages may have been missed: every waiter should retry now.
+    fn missed(&self);
+    /// The tags whose channel has a listener now.
+    fn wanted(&self) -> Vec<Arc<str>>;
+}
+
+/// (Un)subscribe the release channel of the lock with this tag.
+enum SubCmd {
+    Subscribe(Arc<str>, oneshot::Sender<Result<(), BackendError>>),
+    Unsubscribe(Arc<str>),
+}
+
+/// How the task reaches Redis.
+struct Remote {
+    client: Client,
+    addr: String,
+    timeout: Duration,
+    /// The password, to scrub from messages.
+    secret: Option<String>,
+}
+
+/// Handle to a locker's subscriber task (cheap to clone).
+#[derive(Clone)]
+pub(crate) struct Subscriber {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    remote: Arc<Remote>,
+    events: OnceLock<Weak<dyn Events>>,
+    tx: Mutex<Option<mpsc::UnboundedSender<SubCmd>>>,
+}
+
+impl Subscriber {
+    pub(crate) fn new(
+        client: Client,
+        addr: String,
+        timeout: Duration,
+        secret: Option<String>,
+    ) -> Subscriber {
+        Subscriber {
+            inner: Arc::new(Inner {
+                remote: Arc::new(Remote {
+                    client,
+                    addr,
+                    timeout,
+                    secret,
+                }),
+                events: OnceLock::new(),
+                tx: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Where messages go; set once, by the locker's waiting side.
+    pub(crate) fn attach(&self, events: Weak<dyn Events>) {
+        let _ = self.inner.events.set(events);
+    }
+
+    /// Subscribes the lock's channel (at once when already subscribed); once this returns
+    /// `Ok`, no later release message is missed.
+    pub(crate) async fn subscribe(&self, tag: &Arc<str>) -> Result<(), BackendError> {
+        for _ in 0..2 {
+            let (reply_tx, reply_rx) = oneshot::channel();
+            if !self.send(SubCmd::Subscribe(tag.clone(), reply_tx)) {
+                continue;
+            }
+            match reply_rx.await {
+                Ok(res) => return res,
+                // The task ended with its runtime: the next round starts a new one here.
+                Err(_) => self.forget_task(),
+            }
+        }
+        Err(BackendError::new(
+            self.inner.remote.addr.clone(),
+            "pub/sub: the subscriber task could not be started",
+        ))
+    }
+
+    /// The last listener of the lock's channel left.
+    pub(crate) fn unsubscribe(&self, tag: &Arc<str>) {
+        self.send(SubCmd::Unsubscribe(tag.clone()));
+    }
+
+    /// Sends to the task, starting it (on the current runtime) when there is none or its
+    /// runtime is gone. `false` when no task can run (no runtime).
+    fn send(&self, cmd: SubCmd) -> bool {
+        let mut tx = self.inner.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let cmd = match tx.as_ref() {
+            Some(t) => match t.send(cmd) {
+                Ok(()) => return true,
+                Err(mpsc::error::SendError(cmd)) => cmd,
+            },
+            None => cmd,
+        };
+        let (Some(events), Ok(rt)) = (
+            self.inner.events.get().cloned(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            *tx = None;
+            return false;
+        };
+        let (new_tx, rx) = mpsc::unbounded_channel();
+        let _ = new_tx.send(cmd);
+        rt.spawn(Task::new(self.inner.remote.clone(), events).run(rx));
+        *tx = Some(new_tx);
+        true
+    }
+
+    fn forget_task(&self) {
+        *self.inner.tx.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// One thing the task reacts to.
+enum Event {
+    Cmd(Option<SubCmd>),
+    LingerEnded,
+    Message(Option<redis::Msg>),
+    Reconnect,
+}
+
+/// The subscriber task's state: the connection, which channels it has subscribed, which of
+/// those linger without listeners, and when to reconnect.
+struct Task {
+    remote: Arc<Remote>,
+    events: Weak<dyn Events>,
+    conn: Option<(PubSubSink, PubSubStream)>,
+    subscribed: HashSet<Arc<str>>,
+    lingering: HashMap<Arc<str>, Instant>,
+    reconnect_at: Option<Instant>,
+}
+
+impl Task {
+    fn new(remote: Arc<Remote>, events: Weak<dyn Events>) -> Task {
+        Task {
+            remote,
+            events,
+            conn: None,
+            subscribed: HashSet::new(),
+            lingering: HashMap::new(),
+            reconnect_at: None,
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<SubCmd>) {
+        loop {
+            if self.events.strong_count() == 0 {
+                break;
+            }
+            match self.next(&mut rx).await {
+                Event::Cmd(None) => break,
+                Event::Cmd(Some(SubCmd::Subscribe(tag, reply))) => {
+                    let res = self.on_subscribe(&tag).await;
+                    let _ = reply.send(res);
+                }
+                Event::Cmd(Some(SubCmd::Unsubscribe(tag))) => {
+                    if self.subscribed.contains(&tag) {
+                        self.lingering.insert(tag, Instant::now() + LINGER);
+                    }
+                }
+                Event::LingerEnded => self.on_linger_ended().await,
+                Event::Message(Some(msg)) => self.on_message(&msg),
+                Event::Message(None) => {
+                    tracing::warn!(addr = %self.remote.addr, "lost the pub/sub connection; reconnecting");
+                    self.reset(Instant::now());
+                }
+                Event::Reconnect => self.on_reconnect().await,
+            }
+        }
+    }
+
+    async fn next(&mut self, rx: &mut mpsc::UnboundedReceiver<SubCmd>) -> Event {
+        let reconnect_at = self.reconnect_at;
+        let linger_end = self.lingering.values().min().copied();
+        let conn = &mut self.conn;
+        tokio::select! {
+            cmd = rx.recv() => Event::Cmd(cmd),
+            () = sleep_until(linger_end) => Event::LingerEnded,
+            msg = async {
+                match conn.as_mut() {
+                    Some((_, stream)) => stream.next().await,
+                    None => std::future::pending().await,
+                }
+            } => Event::Message(msg),
+            () = sleep_until(reconnect_at) => Event::Reconnect,
+        }
+    }
+
+    async fn on_subscribe(&mut self, tag: &Arc<str>) -> Result<(), BackendError> {
+        self.lingering.remove(tag);
+        let res = self.subscribe(tag).await;
+        if res.is_err() {
+            self.reconnect_at = Some(Instant::now() + RECONNECT_DELAY);
+        }
+        res.map_err(|m| self.error(m))
+    }
+
+    fn on_message(&self, msg: &redis::Msg) {
+        if let (Some(tag), Some(events)) = (
+            tag_of_channel(msg.get_channel_name()),
+            self.events.upgrade(),
+        ) {
+            events.message(tag, msg.get_payload_bytes());
+        }
+    }
+
+    /// Unsubscribes channels whose linger ended and that still have no listener.
+    async fn on_linger_ended(&mut self) {
+        let Some(events) = self.events.upgrade() else {
+            return;
+        };
+        let wanted: HashSet<Arc<str>> = events.wanted().into_iter().collect();
+        let now = Instant::now();
+        let due: Vec<Arc<str>> = self
+            .lingering
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(tag, _)| tag.clone())
+            .collect();
+        for tag in due {
+            self.lingering.remove(&tag);
+            if wanted.contains(&tag) || !self.subscribed.remove(&tag) {
+                continue;
+            }
+            let Some((sink, _)) = self.conn.as_mut() else {
+                continue;
+            };
+            let res = tokio::time::timeout(self.remote.timeout, sink.unsubscribe(channel_of(&tag)));
+            if !matches!(res.await, Ok(Ok(()))) {
+                // The connection is unusable: reconnect and resubscribe what is wanted.
+                self.reset(Instant::now());
+                return;
+            }
+        }
+    }
+
+    /// Resubscribes every channel with a listener on a new connection.
+    async fn on_reconnect(&mut self) {
+        self.reconnect_at = None;
+        let Some(events) = self.events.upgrade() else {
+            return;
+        };
+        let wanted = events.wanted();
+        drop(events);
+        for tag in &wanted {
+            if self.subscribe(tag).await.is_err() {
+                self.reconnect_at = Some(Instant::now() + RECONNECT_DELAY);
+                return;
+            }
+        }
+        self.missed();
+    }
+
+    /// Drops the connection and everything subscribed on it; reconnects at `at`.
+    fn reset(&mut self, at: Instant) {
+        self.conn = None;
+        self.subscribed.clear();
+        self.lingering.clear();
+        self.reconnect_at = Some(at);
+        // Releases may have been missed: let every waiter retry now.
+        self.missed();
+    }
+
+    fn missed(&self) {
+        if let Some(events) = self.events.upgrade() {
+            events.missed();
+        }
+    }
+
+    async fn subscribe(&mut self, tag: &Arc<str>) -> Result<(), String> {
+        if self.subscribed.contains(tag) && self.conn.is_some() {
+            return Ok(());
+        }
+        if self.conn.is_none() {
+            self.connect().await?;
+        }
+        let (sink, _) = self.conn.as_mut().expect("connected above");
+        let res = tokio::time::timeout(self.remote.timeout, sink.subscribe(channel_of(tag))).await;
+        match res {
+            Ok(Ok(())) => {
+                self.subscribed.insert(tag.clone());
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                self.conn = None;
+                Err(e.to_string())
+            }
+            Err(_) => {
+                self.conn = None;
+                Err(format!(
+                    "SUBSCRIBE not answered within {:?}",
+                    self.remote.timeout
+                ))
+            }
+        }
+    }
+
+    async fn connect(&mut self) -> Result<(), String> {
+        self.subscribed.clear();
+        let ps = tokio::time::timeout(self.remote.timeout, self.remote.client.get_async_pubsub())
+            .await
+            .map_err(|_| {
+                format!(
+                    "pub/sub connection not established within {:?}",
+                    self.remote.timeout
+                )
+            })?
+            .map_err(|e| e.to_string())?;
+        self.conn = Some(ps.split());
+        // Anything published before this connection existed was missed.
+        self.missed();
+        Ok(())
+    }
+
+    fn error(&self, m: String) -> BackendError {
+        let m = match self.remote.secret.as_deref() {
+            Some(s) if !s.is_empty() => m.replace(s, "***"),
+            _ => m,
+        };
+        BackendError::new(self.remote.addr.clone(), format!("pub/sub: {m}"))
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,245 @@
+//! [`LockerBuilder`]: a `Locker`'s settings, checked once, and the ways to build one
+//! ([`Locker::builder`], [`Locker::in_memory`]). Durations of any size are accepted: ttls are
+//! capped as the attribute caps them, and no setting can make a later call overflow.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::LockError;
+use crate::backend::Backend;
+use crate::backend::memory::MemoryBackend;
+use crate::backend::redis::{RedisBackend, Timeouts};
+use crate::key::validate_prefix;
+use crate::locker::{Locker, Settings};
+use crate::options::Wait;
+
+const DEFAULT_TTL: Duration = Duration::from_secs(30);
+const DEFAULT_WAIT: Duration = Duration::from_secs(10);
+const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_millis(100);
+const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// Shortest lease: the watchdog could not renew a shorter one in time.
+pub(crate) const MIN_TTL: Duration = Duration::from_millis(30);
+/// Longest lease, fence retention and timeout: what the attribute accepts (366 days).
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Builds a [`Locker`] with non-default settings.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lockrt::LockError> {
+/// use std::time::Duration;
+/// let locker = lockrt::Locker::builder()
+///     .url("redis://127.0.0.1:6379/")
+///     .prefix("app:lock:")
+///     .default_ttl(Duration::from_secs(10))
+///     .default_wait(Duration::from_secs(3))
+///     .build()
+///     .await?;
+/// # let _ = locker; Ok(()) }
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct LockerBuilder {
+    url: Option<String>,
+    prefix: String,
+    default_ttl: Duration,
+    default_wait: Wait,
+    default_max_hold: Option<Duration>,
+    safety_margin: Duration,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    fence_retention: Duration,
+}
+
+impl fmt::Debug for LockerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockerBuilder")
+            .field("url", &self.url.as_deref().map(crate::redact::url))
+            .field("prefix", &self.prefix)
+            .field("default_ttl", &self.default_ttl)
+            .field("default_wait", &self.default_wait)
+            .field("default_max_hold", &self.default_max_hold)
+            .field("safety_margin", &self.safety_margin)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for LockerBuilder {
+    fn default() -> Self {
+        LockerBuilder {
+            url: None,
+            prefix: "lock:".to_owned(),
+            default_ttl: DEFAULT_TTL,
+            default_wait: Wait::For(DEFAULT_WAIT),
+            default_max_hold: None,
+            safety_margin: DEFAULT_SAFETY_MARGIN,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+            fence_retention: DEFAULT_FENCE_RETENTION,
+        }
+    }
+}
+
+impl LockerBuilder {
+    /// The server: `redis://[:password@]host:port/db`, `rediss://...` (feature `tls`) or
+    /// `redis+unix:///path/to/socket`.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// Namespace for lock keys (default `"lock:"`): the lock `stock:1` is the Redis key
+    /// `lock:stock:1`. May not contain `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Lease used when a call sets no `ttl` (default 30 s).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// Wait used when a call sets none (default 10 s). A wait too large to add to the
+    /// current time means "forever".
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = Wait::For(wait);
+        self
+    }
+
+    /// Make calls without a `wait` wait without limit.
+    pub fn default_wait_forever(mut self) -> Self {
+        self.default_wait = Wait::Forever;
+        self
+    }
+
+    /// Longest time a lock may be held when a call sets no `max_hold` (default: no limit).
+    /// After it the watchdog stops renewing and the holder is told it lost the lock.
+    pub fn default_max_hold(mut self, max_hold: Duration) -> Self {
+        self.default_max_hold = Some(max_hold);
+        self
+    }
+
+    /// Safety margin taken off every lease's local deadline (default 100 ms): the holder
+    /// counts a lease as lost this long before the server could expire it, to cover clock
+    /// rate differences and the time it takes to act on a loss (a loaded client, a paused
+    /// process). A lock is only handed out when at least this much of its lease is left after
+    /// the margin. The margin is at least a twentieth and at most a quarter of the lease.
+    pub fn safety_margin(mut self, margin: Duration) -> Self {
+        self.safety_margin = margin;
+        self
+    }
+
+    /// Longest time to establish a connection (default 1 s).
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// Longest time to wait for one reply (default 1 s). A request past it counts as failed,
+    /// its connection is replaced, and an acquire's outcome is resolved by a retry with the
+    /// same owner token (or a release by token when the acquire gives up).
+    pub fn response_timeout(mut self, t: Duration) -> Self {
+        self.response_timeout = t;
+        self
+    }
+
+    /// How long a key's fencing counter lives from its creation (default 24 h, and at least
+    /// twice the lease that created it): the state a key leaves behind is bounded by it. The
+    /// next counter starts at the Redis server's time in µs, above every fence the old one
+    /// issued (it started at the server time of its own creation and grew by one per
+    /// acquisition), unless the server's clock stepped back by about this long or the key
+    /// averaged more than one acquisition per µs.
+    pub fn fence_retention(mut self, t: Duration) -> Self {
+        self.fence_retention = t;
+        self
+    }
+
+    fn settings(&self) -> Result<Settings, LockError> {
+        validate_prefix(&self.prefix)?;
+        if self.default_ttl.is_zero()
+            || self.connect_timeout.is_zero()
+            || self.response_timeout.is_zero()
+        {
+            return Err(LockError::Config(
+                "default_ttl and timeouts must be greater than zero".into(),
+            ));
+        }
+        Ok(Settings {
+            prefix: self.prefix.clone(),
+            default_ttl: self.default_ttl.clamp(MIN_TTL, MAX_TTL),
+            default_wait: self.default_wait,
+            default_max_hold: self.default_max_hold,
+            safety_margin: self.safety_margin.min(MAX_TTL),
+        })
+    }
+
+    fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            connect: self.connect_timeout.min(MAX_TTL),
+            response: self.response_timeout.min(MAX_TTL),
+        }
+    }
+
+    /// Connects to Redis. Fails within about the connect and response timeouts when the
+    /// server is unreachable, with an error naming its address (never its password), and
+    /// refuses servers older than Redis 5.0.
+    pub async fn build(self) -> Result<Locker, LockError> {
+        let settings = self.settings()?;
+        let url = self.url.clone().ok_or_else(|| {
+            LockError::Config(
+                "no Redis URL: call `.url(\"redis://host:6379/\")` on the builder".into(),
+            )
+        })?;
+        let retention = self
+            .fence_retention
+            .clamp(Duration::from_millis(1), MAX_TTL);
+        let backend = RedisBackend::connect(&url, self.timeouts(), retention).await?;
+        Ok(Locker::from_parts(settings, Backend::Redis(backend)))
+    }
+}
+
+impl Locker {
+    /// A builder for non-default settings.
+    ///
+    /// ```
+    /// let builder = lockrt::Locker::builder().prefix("jobs:");
+    /// # let _ = builder;
+    /// ```
+    pub fn builder() -> LockerBuilder {
+        LockerBuilder::default()
+    }
+
+    /// Locks that live in this process only, with the same semantics as Redis-backed ones
+    /// (waiting, leases, watchdog, loss, fencing, reentrancy). Clones share the locks; two
+    /// separate `in_memory()` lockers are two separate lock spaces.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::in_memory();
+    /// let n = locker.run("counter", lockrt::LockOptions::new(), async { 1 + 1 }).await?;
+    /// assert_eq!(n, 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn in_memory() -> Locker {
+        Locker::in_memory_with(LockerBuilder::default())
+    }
+
+    /// [`in_memory`](Self::in_memory) with the builder's prefix and defaults (the URL is
+    /// ignored; invalid settings fall back to the defaults).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let locker = lockrt::Locker::in_memory_with(
+    ///     lockrt::Locker::builder().default_ttl(Duration::from_secs(5)),
+    /// );
+    /// # let _ = locker;
+    /// ```
+    pub fn in_memory_with(builder: LockerBuilder) -> Locker {
+        let settings = builder
+            .settings()
+            .or_else(|_| LockerBuilder::default().settings())
+            .expect("the default settings are valid");
+        Locker::from_parts(settings, Backend::Memory(MemoryBackend::default()))
+    }
+}

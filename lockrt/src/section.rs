@@ -1,0 +1,212 @@
+//! [`Locker::run`]: holding a lock around a future, which is what `#[distributed_lock]` expands
+//! to. Owns reentrancy, the loss policy and the verdict on whether the body was protected.
+//!
+//! The body is never polled while the lease may be gone: before every poll the local deadline
+//! is compared on the caller's clock (not only when the watchdog gets to run), and a reentrant
+//! section is bound to the lease of the section it re-enters, so a nested future awaited after
+//! that section ended fails with `Lost` instead of running unlocked. A body during which the
+//! lock was lost never comes back as plain success: `run` returns `Lost`, and
+//! [`Locker::run_checked`] hands back the output together with that verdict.
+
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::Poll;
+
+use crate::LockError;
+use crate::backend::Released;
+use crate::context;
+use crate::guard::HeldLock;
+use crate::lease::LeaseInfo;
+use crate::locker::Locker;
+use crate::options::{LockOptions, OnLost};
+
+/// A critical section's output with whether the lock was held from its start to its end,
+/// from [`Locker::run_checked`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+/// let locker = lockrt::Locker::in_memory();
+/// let section = locker.run_checked("report", lockrt::LockOptions::new(), async { 7 }).await?;
+/// assert!(section.held_throughout());
+/// assert_eq!(section.into_result()?, 7);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "check `held_throughout` or use `into_result`"]
+pub struct Checked<T> {
+    output: T,
+    lost: bool,
+    key: String,
+}
+
+impl<T> Checked<T> {
+    /// `false` when the lease was lost (expired, taken over, or past its deadline) at some
+    /// point while the body ran, or the release found another owner: another holder may have
+    /// run at the same time.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let section = lockrt::Locker::in_memory()
+    ///     .run_checked("k", lockrt::LockOptions::new(), async {}).await?;
+    /// assert!(section.held_throughout());
+    /// # Ok(()) }
+    /// ```
+    pub fn held_throughout(&self) -> bool {
+        !self.lost
+    }
+
+    /// The body's output, whether or not the lock was held throughout.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let section = lockrt::Locker::in_memory()
+    ///     .run_checked("k", lockrt::LockOptions::new(), async { 1 }).await?;
+    /// assert_eq!(section.output(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn output(self) -> T {
+        self.output
+    }
+
+    /// The output if the lock was held throughout, `Err(Lost)` otherwise.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let section = lockrt::Locker::in_memory()
+    ///     .run_checked("k", lockrt::LockOptions::new(), async { 1 }).await?;
+    /// assert_eq!(section.into_result()?, 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn into_result(self) -> Result<T, LockError> {
+        if self.lost {
+            Err(LockError::Lost { key: self.key })
+        } else {
+            Ok(self.output)
+        }
+    }
+}
+
+impl Locker {
+    /// Runs `fut` while holding the lock: acquire (waiting up to `wait`), run with the
+    /// watchdog renewing, release. The lock is released on every exit path, including a panic
+    /// in `fut` and this future being dropped. Reentrant: a nested `run` on the same locker
+    /// and key in the same task runs `fut` directly, for as long as the outer section holds.
+    ///
+    /// `Err(Lost)` when the lease was lost while `fut` ran: with [`OnLost::Cancel`] (the
+    /// default) `fut` is dropped at once; with [`OnLost::Continue`] it runs to its end and its
+    /// output is dropped (use [`run_checked`](Self::run_checked) to keep it).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::in_memory();
+    /// let opts = lockrt::LockOptions::new();
+    /// let v = locker.run("job", opts, async {
+    ///     // nested: same key, same task, runs without acquiring again
+    ///     locker.run("job", opts, async { 7 }).await
+    /// }).await??;
+    /// assert_eq!(v, 7);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<F: Future>(
+        &self,
+        key: impl AsRef<str>,
+        opts: LockOptions,
+        fut: F,
+    ) -> Result<F::Output, LockError> {
+        // Boxed at once: in debug builds every move of a deeply nested body future is a copy
+        // on the stack, and nested sections would otherwise overflow it.
+        self.section(key.as_ref(), opts, Box::pin(fut))
+            .await?
+            .into_result()
+    }
+
+    /// Like [`run`](Self::run), but a body that completed while the lock was lost still
+    /// hands back its output, with the verdict in [`Checked::held_throughout`]. Errors are
+    /// the acquisition's, or `Lost` when the body was cancelled because of a loss.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// use lockrt::{LockOptions, OnLost};
+    /// let locker = lockrt::Locker::in_memory();
+    /// let opts = LockOptions::new().on_lost(OnLost::Continue);
+    /// let section = locker.run_checked("import", opts, async { "done" }).await?;
+    /// if !section.held_throughout() {
+    ///     eprintln!("another holder may have overlapped; re-check before trusting the result");
+    /// }
+    /// # let _ = section.output(); Ok(()) }
+    /// ```
+    pub async fn run_checked<F: Future>(
+        &self,
+        key: impl AsRef<str>,
+        opts: LockOptions,
+        fut: F,
+    ) -> Result<Checked<F::Output>, LockError> {
+        self.section(key.as_ref(), opts, Box::pin(fut)).await
+    }
+
+    async fn section<F: Future>(
+        &self,
+        key: &str,
+        opts: LockOptions,
+        fut: Pin<Box<F>>,
+    ) -> Result<Checked<F::Output>, LockError> {
+        let checked = |(output, lost)| Checked {
+            output,
+            lost,
+            key: key.to_owned(),
+        };
+        if let Some(outer) = context::held(self.inner.id, key) {
+            // Reentrant: protected by the outer section's lease, and only while it lasts.
+            return hold(key, &outer.lease, opts.on_lost, fut)
+                .await
+                .map(checked);
+        }
+        let guard = self.acquire(key, opts).await?;
+        let held = HeldLock {
+            locker_id: self.inner.id,
+            key: Arc::from(key),
+            fence: guard.fence(),
+            lease: guard.lease().clone(),
+        };
+        let lease = guard.lease().clone();
+        // On `Err` (cancelled by a loss) the guard is dropped, which releases in the background.
+        let (output, lost) = hold(key, &lease, opts.on_lost, context::within(held, fut)).await?;
+        let lost = lost || lease.is_lost();
+        let released = guard.release_outcome().await;
+        let lost = lost || matches!(released, Ok(Released::NotOwner));
+        if let Err(e) = &released {
+            // The body's result stands whatever the release says.
+            tracing::warn!(key = ?key, error = %e, "release after the critical section failed");
+        }
+        Ok(checked((output, lost)))
+    }
+}
+
+/// Runs `body` while `lease` holds. Before every poll of the body the lease is checked on the
+/// caller's clock. `Ok((output, lost during the body))`, or `Err(Lost)` when the loss policy
+/// cancelled the body.
+async fn hold<F: Future>(
+    key: &str,
+    lease: &LeaseInfo,
+    on_lost: OnLost,
+    body: F,
+) -> Result<(F::Output, bool), LockError> {
+    let mut body = pin!(body);
+    let mut lost_signal = pin!(lease.lost());
+    let mut lost = false;
+    std::future::poll_fn(|cx| {
+        if !lost && (lease.is_lost() || lost_signal.as_mut().poll(cx).is_ready()) {
+            lost = true;
+            if on_lost == OnLost::Cancel {
+                // `body` is dropped with this future, before anything else runs.
+                return Poll::Ready(Err(LockError::Lost {
+                    key: key.to_owned(),
+                }));
+            }
+            tracing::warn!(key = ?key, "lock lost while its critical section runs; continuing as asked (on_lost = continue)");
+        }
+        body.as_mut().poll(cx).map(|out| Ok((out, lost)))
+    })
+    .await
+}
