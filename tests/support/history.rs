@@ -588,6 +588,10 @@ pub struct Worker {
     child: Option<Child>,
     pid: u32,
     out: PathBuf,
+    /// Interactive workers: their stdin, and their stdout lines as they come.
+    stdin: Option<std::process::ChildStdin>,
+    lines: Option<std::sync::mpsc::Receiver<String>>,
+    seen: Arc<Mutex<Vec<String>>>,
 }
 
 /// Records the stalls a test inflicts, for [`check`].
@@ -632,7 +636,81 @@ impl Worker {
             child: Some(child),
             pid,
             out,
+            stdin: None,
+            lines: None,
+            seen: Arc::default(),
         }
+    }
+
+    /// Like [`spawn`](Self::spawn), but the test talks to the worker: it writes lines to the
+    /// worker's stdin ([`send`](Self::send)) and reads the worker's stdout lines from their
+    /// `@` on ([`expect_line`](Self::expect_line)), so each side waits for the other's
+    /// event instead of sleeping.
+    pub fn spawn_interactive(test: &str, settings: &[(&str, String)]) -> Worker {
+        let spec = settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(";");
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                test,
+                "--nocapture",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env(WORKER_ENV, spec)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn worker");
+        let pid = child.id();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let keep = seen.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                keep.lock().unwrap().push(line.clone());
+                // The test harness may print "test name ... " on the same line first.
+                if let Some(i) = line.find('@')
+                    && tx.send(line[i..].to_owned()).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Worker {
+            stdin: child.stdin.take(),
+            child: Some(child),
+            pid,
+            out: PathBuf::new(),
+            lines: Some(rx),
+            seen,
+        }
+    }
+
+    /// Writes one line to an interactive worker's stdin.
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("interactive worker");
+        writeln!(stdin, "{line}").expect("write to worker");
+        stdin.flush().expect("flush to worker");
+    }
+
+    /// The worker's next `@` line, which must come within `within`.
+    pub fn expect_line(&self, within: Duration) -> String {
+        let rx = self.lines.as_ref().expect("interactive worker");
+        rx.recv_timeout(within).unwrap_or_else(|_| {
+            panic!(
+                "worker {} said nothing within {within:?}; its output:\n{}",
+                self.pid,
+                self.seen.lock().unwrap().join("\n")
+            )
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -680,6 +758,8 @@ impl Worker {
     /// Waits for the worker to exit, at most `within` (then kills it). Panics, with the
     /// worker's output, unless it exited successfully.
     pub fn join(mut self, within: Duration) -> String {
+        // An interactive worker sees end of input: its cue to finish.
+        drop(self.stdin.take());
         let mut child = self.child.take().expect("joined once");
         let (tx, rx) = std::sync::mpsc::channel();
         let pid = self.pid;
@@ -695,7 +775,11 @@ impl Worker {
             let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
         }
         let status = waiter.join().expect("waiter thread").expect("wait");
-        let out = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let out = if self.lines.is_some() {
+            self.seen.lock().unwrap().join("\n")
+        } else {
+            std::fs::read_to_string(&self.out).unwrap_or_default()
+        };
         assert!(
             !timed_out && status.success(),
             "worker {pid} {}: {status}\n--- its output ---\n{out}",
