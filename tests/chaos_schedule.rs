@@ -37,7 +37,6 @@ fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
 
 /// A short run of the schedule for every `cargo test`: 3 fixed seeds, 2 workers, 3 s each.
 #[test]
-#[ignore = "fails until issue-10 defects 1, 11, 12 and 15 are fixed"]
 fn chaos_schedule_quick() {
     run_seeds(&seeds([1, 2, 3]), 2, Duration::from_secs(3));
 }

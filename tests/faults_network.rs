@@ -27,7 +27,6 @@ fn setup() -> (RedisServer, FaultProxy) {
 /// before the server-side expiry, and once the network heals the same `Locker` takes locks
 /// again by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue-10 defect 12 is fixed"]
 async fn partition_during_hold() {
     let (server, proxy) = setup();
     let locker = locker_via(&proxy, ms(200)).await;
@@ -85,7 +84,6 @@ async fn partition_during_hold() {
 /// One renewal reply dropped while the connection stays up: no false loss, the lock stays
 /// ours, and the release works (5 runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue-10 defect 12 is fixed"]
 async fn one_renewal_reply_dropped_no_false_loss() {
     let (server, proxy) = setup();
     let mut conn = direct(&server).await;
@@ -132,7 +130,6 @@ async fn one_renewal_reply_dropped_no_false_loss() {
 /// and a free key): no reply is taken for another request's, so nobody ever holds the busy
 /// key alongside its owner, and every lock the locker thinks it holds is its own in Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue-10 defect 12 is fixed"]
 async fn one_acquire_reply_dropped_no_cross_wiring() {
     let (server, proxy) = setup();
     let mut conn = direct(&server).await;
@@ -190,7 +187,6 @@ async fn one_acquire_reply_dropped_no_cross_wiring() {
 /// new connections work. The next acquire must not hang on the dead connection: it opens a
 /// new one and succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue-10 defect 12 is fixed"]
 async fn half_open_connection_existing_stall_new_pass() {
     let (_server, proxy) = setup();
     let locker = locker_via(&proxy, ms(200)).await;
@@ -314,7 +310,6 @@ async fn chaos_connection_reset_before_and_after_acquire_forwarded() {
 /// The release's reply is lost to a reset after Redis ran it: the release reports success
 /// (the lock was ours and is gone), 20 runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue-10 defect 13 is fixed"]
 async fn rst_after_release_reached_redis() {
     let (server, proxy) = setup();
     let mut conn = direct(&server).await;
@@ -404,7 +399,6 @@ async fn late_acquire_reply(runs: u32, ttl: Duration, case: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue-10 defect 11 is fixed"]
 async fn acquire_reply_delayed_most_of_the_ttl() {
     late_acquire_reply(4, ms(500), "acquire_reply_delayed_most_of_the_ttl").await;
 }

@@ -149,11 +149,16 @@ async fn cancelled_at_random_points(n: u32, case: &str) {
     let holder = Locker::connect(&server.url()).await.unwrap();
     let mut conn = direct(&server).await;
     let ttl = ms(10_000);
-    // Warm up every background part (monitor, subscriber), then count tasks.
+    // Warm up every background part of both lockers (monitor, subscriber, their connections),
+    // then count tasks.
     {
         let busy = holder.acquire("k", LockOptions::new()).await.unwrap();
         let _ = locker.acquire("k", LockOptions::new().wait(ms(50))).await;
         busy.release().await.unwrap();
+        // The holder's waiting path too: its subscriber starts on its first wait.
+        let mine = locker.acquire("k", LockOptions::new()).await.unwrap();
+        let _ = holder.acquire("k", LockOptions::new().wait(ms(50))).await;
+        mine.release().await.unwrap();
         locker.run("k", LockOptions::new(), async {}).await.unwrap();
     }
     let settled = |l: &Locker| {
@@ -217,6 +222,7 @@ async fn cancelled_at_random_points(n: u32, case: &str) {
     let settle = within(ms(3_000), async || {
         leftovers(&mut conn, "k").await.is_empty()
             && settled(&locker)
+            && settled(&holder)
             && metrics.num_alive_tasks() <= baseline
     })
     .await;
@@ -241,11 +247,15 @@ async fn cancelled_at_random_points(n: u32, case: &str) {
     assert_eq!(blocked, 0, "cancelled calls left the lock held by nobody");
     assert!(left.is_empty(), "left in Redis: {left:?}");
     assert!(settled(&locker), "left in the locker: {stats:?}");
+    assert!(
+        settled(&holder),
+        "left in the other locker: {:?}",
+        holder.stats()
+    );
     assert_eq!(extra, 0, "tasks left behind");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue-10 defect 4 is fixed"]
 async fn cancelled_at_random_points_leave_nothing() {
     cancelled_at_random_points(100, "cancelled_at_random_points_leave_nothing").await;
 }

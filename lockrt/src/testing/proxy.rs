@@ -55,9 +55,11 @@ pub struct ProxyCounters {
     pub resets: u64,
     /// Connections whose upstream connect failed (server down): reset at once.
     pub upstream_failures: u64,
-    /// Requests written to the server.
+    /// Requests forwarded to the server (counted as they are written, so a test that has seen
+    /// a request's effect sees it counted).
     pub to_server: u64,
-    /// Replies written to the client.
+    /// Replies forwarded to the client (counted as they are written, so a test that has read a
+    /// reply sees it counted).
     pub to_client: u64,
     /// Replies discarded by [`FaultProxy::drop_replies`].
     pub replies_dropped: u64,
@@ -582,13 +584,14 @@ async fn write_side(
             shared.count(|c| c.discarded += 1);
             continue;
         }
-        if write_all(to, &frame).await.is_err() {
-            return;
-        }
+        // Counted before the write: whoever can see the frame's effect sees it counted.
         shared.count(|c| match dir {
             Direction::ToServer => c.to_server += 1,
             Direction::ToClient => c.to_client += 1,
         });
+        if write_all(to, &frame).await.is_err() {
+            return;
+        }
     }
 }
 
