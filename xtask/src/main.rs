@@ -1,9 +1,12 @@
-//! `cargo xtask demo` runs the flash-sale demo; `cargo xtask test` runs the whole test suite.
-//! Both first make sure `redis-server` is installed (with apt-get on Debian/Ubuntu, as root or
+//! `cargo xtask demo` runs the flash-sale demo; `cargo xtask test` runs the whole test suite;
+//! `cargo xtask chaos` runs the slow chaos and fault cases that `test` leaves out (the tests
+//! named `chaos_*`, ignored in a normal run; RELIABILITY.md lists them with their figures).
+//! All first make sure `redis-server` is installed (with apt-get on Debian/Ubuntu, as root or
 //! through sudo), because the demo and the tests start throwaway Redis servers of their own.
 //! With `REDIS_URL` set, the demo uses that server instead and needs no local install.
 
 use std::process::{Command, ExitCode};
+use std::time::Instant;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -14,10 +17,13 @@ fn main() -> ExitCode {
     let result = match cmd {
         "demo" => demo(rest),
         "test" => test(rest),
+        "chaos" => chaos(rest),
         _ => {
             eprintln!(
-                "usage:\n  cargo xtask demo [ARGS]   run examples/seckill.rs (ARGS go to the demo)\n  \
-                 cargo xtask test [ARGS]   run every test (ARGS go to cargo test)"
+                "usage:\n  cargo xtask demo [ARGS]    run examples/seckill.rs (ARGS go to the demo)\n  \
+                 cargo xtask test [ARGS]    run every test (ARGS go to cargo test)\n  \
+                 cargo xtask chaos [ARGS]   run the slow chaos and fault tests, one at a time \
+                 (ARGS go to the test harness, e.g. a narrower name filter)"
             );
             return if cmd == "help" {
                 ExitCode::SUCCESS
@@ -57,6 +63,44 @@ fn demo_args(args: &[String]) -> &[String] {
 fn test(args: &[String]) -> Result<(), String> {
     ensure_redis_server()?;
     cargo(&["test", "--workspace"], args)
+}
+
+/// The chaos tier: every ignored test whose name contains `chaos` (the slow fault cases and
+/// the long randomized schedule), one at a time so their timing is not skewed by each other,
+/// with their `FIGURE` lines shown.
+fn chaos(args: &[String]) -> Result<(), String> {
+    ensure_redis_server()?;
+    let start = Instant::now();
+    let mut harness: Vec<String> = ["--ignored", "--test-threads=1", "--nocapture"]
+        .map(String::from)
+        .to_vec();
+    harness.extend(chaos_filter(args));
+    let result = cargo(&["test", "--workspace", "--tests", "--"], &harness);
+    eprintln!(
+        "xtask chaos: {} in {:.0} s",
+        if result.is_ok() { "passed" } else { "FAILED" },
+        start.elapsed().as_secs_f64()
+    );
+    result
+}
+
+/// Harness arguments for `chaos`: the caller's, with the name filter `chaos` unless they
+/// gave a filter of their own (an argument that is neither an option nor `--skip`'s value).
+fn chaos_filter(args: &[String]) -> Vec<String> {
+    let mut has_filter = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--skip" {
+            it.next();
+        } else if !a.starts_with('-') {
+            has_filter = true;
+        }
+    }
+    let mut out = args.to_vec();
+    if !has_filter {
+        out.push("chaos".into());
+    }
+    out
 }
 
 fn cargo(base: &[&str], extra: &[String]) -> Result<(), String> {
@@ -130,7 +174,21 @@ fn ensure_redis_server() -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::demo_args;
+    use super::{chaos_filter, demo_args};
+
+    #[test]
+    fn chaos_runs_the_chaos_tests_unless_given_a_filter() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(chaos_filter(&v(&[])), v(&["chaos"]));
+        assert_eq!(
+            chaos_filter(&v(&["--skip", "long"])),
+            v(&["--skip", "long", "chaos"])
+        );
+        assert_eq!(
+            chaos_filter(&v(&["chaos_schedule_long"])),
+            v(&["chaos_schedule_long"])
+        );
+    }
 
     #[test]
     fn demo_takes_its_arguments_with_or_without_a_separator() {
