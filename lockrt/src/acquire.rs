@@ -76,7 +76,8 @@ impl Locker {
         Acquisition::new(self, key, opts, wait)?.run().await
     }
 
-    /// One attempt: `Ok(None)` when another owner holds the lock. Ignores the options' wait.
+    /// One attempt: `Ok(None)` when another owner (or this task, through a guard) holds the
+    /// lock. Ignores the options' wait.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
@@ -98,7 +99,8 @@ impl Locker {
         let once = Acquisition::new(self, key, opts, Wait::For(Duration::ZERO))?;
         match once.run().await {
             Ok(g) => Ok(Some(g)),
-            Err(LockError::Timeout { .. }) => Ok(None),
+            // Busy, also when the holder is this very task.
+            Err(LockError::Timeout { .. } | LockError::HeldByThisTask { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }

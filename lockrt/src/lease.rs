@@ -207,6 +207,8 @@ impl State {
             .min(RETRY_MAX);
         let left = self.info.deadline().saturating_duration_since(now);
         self.next_renew = now + backoff.min(left / 2).max(RETRY_MIN);
+        // A retry waits its backoff: it does not join an earlier batch.
+        self.window = Duration::ZERO;
     }
 }
 
