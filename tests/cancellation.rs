@@ -121,13 +121,12 @@ async fn thousand_cancelled_acquires_leave_no_lock_renewal_or_subscription() {
     }
 
     // No renewals continue: the script counters stay still once everything is released.
-    let evals = async |conn: &mut redis::aio::MultiplexedConnection| -> String {
-        support::commandstats(conn)
-            .await
-            .lines()
-            .filter(|l| l.starts_with("cmdstat_eval"))
-            .map(|l| l.split(",usec=").next().unwrap().to_owned())
-            .collect()
+    let evals = async |conn: &mut redis::aio::MultiplexedConnection| -> (u64, u64) {
+        let stats = support::commandstats(conn).await;
+        (
+            support::calls(&stats, "eval"),
+            support::calls(&stats, "evalsha"),
+        )
     };
     let before = evals(&mut conn).await;
     tokio::time::sleep(ms(1_000)).await; // longer than ttl/3: a live watchdog would renew

@@ -14,15 +14,6 @@ use redis::AsyncCommands;
 use support::{Fx, ms, opts};
 use tokio::time::Instant;
 
-fn evalsha_calls(stats: &str) -> u64 {
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Defect 1: a short-ttl waiter handed a grant runs its body; it never gets a guard whose
 /// deadline has already passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,7 +307,7 @@ async fn d14_failing_renewals_back_off() {
     let locker = fx.locker().await;
     let mut conn = fx.conn().await;
     let g = locker.acquire("ro", opts().ttl(ms(1_500))).await.unwrap();
-    let before = evalsha_calls(&support::commandstats(&mut conn).await);
+    let before = support::calls_of(&mut conn, "evalsha").await;
     // The server turns replica (of nothing reachable): every renewal fails with READONLY.
     let () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
@@ -327,7 +318,7 @@ async fn d14_failing_renewals_back_off() {
     tokio::time::timeout(ms(3_000), g.lost())
         .await
         .expect("lost at the deadline");
-    let calls = evalsha_calls(&support::commandstats(&mut conn).await) - before;
+    let calls = support::calls_of(&mut conn, "evalsha").await - before;
     let () = redis::cmd("REPLICAOF")
         .arg("NO")
         .arg("ONE")

@@ -64,22 +64,8 @@ async fn wait_zero_makes_exactly_one_attempt() {
         .await
         .unwrap_err();
     assert!(err.is_timeout());
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let calls = |cmd: &str| {
-        stats
-            .lines()
-            .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))
-            .and_then(|l| {
-                l.split(['=', ','])
-                    .nth(1)
-                    .and_then(|n| n.parse::<u64>().ok())
-            })
-            .unwrap_or(0)
-    };
+    let stats = support::commandstats(&mut conn).await;
+    let calls = |cmd: &str| support::calls(&stats, cmd);
     // One EVALSHA (or EVAL when the script had to be loaded), and no subscription.
     assert_eq!(calls("evalsha") + calls("eval"), 1, "{stats}");
     assert_eq!(calls("subscribe"), 0, "{stats}");
@@ -203,12 +189,7 @@ async fn a_channel_lingers_between_waits_then_goes() {
     let waiter = fx.locker().await;
     let mut conn = fx.conn().await;
     let subscribes = async |conn: &mut redis::aio::MultiplexedConnection| -> u64 {
-        support::commandstats(conn)
-            .await
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_subscribe:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse().unwrap())
+        support::calls_of(conn, "subscribe").await
     };
     let mut counts = Vec::new();
     for _ in 0..3 {

@@ -227,14 +227,7 @@ impl<'a> Acquisition<'a> {
         pending: &mut Pending<'_>,
         seen: &mut Seen,
     ) -> Result<Option<Taken>, LockError> {
-        let mut backoff = Backoff::new(
-            Duration::from_millis(10),
-            Duration::from_millis(200),
-            ATTEMPT_RETRIES,
-        );
-        if let Some(end) = self.retry_end {
-            backoff = backoff.until(end);
-        }
+        let mut backoff = self.backoff();
         let mut late = 0;
         loop {
             let sent = Instant::now();
@@ -272,13 +265,28 @@ impl<'a> Acquisition<'a> {
                     return Ok(None);
                 }
                 Err(e) if backoff.retry(&e).await => {}
-                Err(e) => {
-                    // Returned to the caller, who decides how loud it is.
-                    tracing::debug!(key = ?&*self.key.user, error = %e, "acquire failed");
-                    return Err(e.into());
-                }
+                Err(e) => return Err(self.failed(e)),
             }
         }
+    }
+
+    /// Retries of one attempt: a few, and none starting after the wait.
+    fn backoff(&self) -> Backoff {
+        let b = Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(200),
+            ATTEMPT_RETRIES,
+        );
+        match self.retry_end {
+            Some(end) => b.until(end),
+            None => b,
+        }
+    }
+
+    fn failed(&self, e: BackendError) -> LockError {
+        // Returned to the caller, who decides how loud it is.
+        tracing::debug!(key = ?&*self.key.user, error = %e, "acquire failed");
+        e.into()
     }
 
     /// Step 3: listen for releases, retry on each, take a grant when one comes.

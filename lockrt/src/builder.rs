@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::LockError;
 use crate::backend::Backend;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::redis::{RedisBackend, Timeouts};
+use crate::backend::standalone::{RedisBackend, Timeouts};
 use crate::key::validate_prefix;
 use crate::locker::{Locker, Settings};
 use crate::options::Wait;

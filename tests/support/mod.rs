@@ -179,6 +179,22 @@ pub async fn commandstats(conn: &mut redis::aio::MultiplexedConnection) -> Strin
         .expect("INFO commandstats")
 }
 
+/// How many times `cmd` ran, from an `INFO commandstats` text (0 when it never ran).
+pub fn calls(stats: &str, cmd: &str) -> u64 {
+    let prefix = format!("cmdstat_{cmd}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// How many times `cmd` has run on the server so far.
+pub async fn calls_of(conn: &mut redis::aio::MultiplexedConnection, cmd: &str) -> u64 {
+    calls(&commandstats(conn).await, cmd)
+}
+
 /// Waits (bounded) until `cond` holds, for state that settles right after a background step
 /// (a release spawned by `Drop`). Panics with `what` if it doesn't within 2 s.
 pub async fn eventually(mut cond: impl FnMut() -> bool, what: &str) {

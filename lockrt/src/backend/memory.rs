@@ -140,3 +140,49 @@ impl MemoryBackend {
             .map(|h| h.expires - now)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_ends_exactly_at_its_ttl_and_only_the_owner_renews_it() {
+        let m = MemoryBackend::default();
+        let key = LockKey::new("lock:", "k").unwrap();
+        let (a, b) = (Token::new(), Token::new());
+        let ttl = Duration::from_secs(3);
+        let Attempt::Acquired { fence } = m.acquire(&key, &a, ttl) else {
+            panic!("free lock not taken")
+        };
+        tokio::time::advance(Duration::from_millis(2_999)).await;
+        assert_eq!(m.pttl(key.lock()), Some(Duration::from_millis(1)));
+        assert_eq!(
+            m.acquire(&key, &b, ttl),
+            Attempt::Held {
+                pttl: Some(Duration::from_millis(1)),
+                counter: Some(fence)
+            }
+        );
+        let renewal = |t| Renewal {
+            lock: key.lock(),
+            token: t,
+            lease: ttl,
+        };
+        assert_eq!(m.renew(&[renewal(&b), renewal(&a)]), vec![false, true]);
+        tokio::time::advance(ttl).await;
+        assert_eq!(
+            m.pttl(key.lock()),
+            None,
+            "expired exactly a ttl after the renewal"
+        );
+        let Attempt::Acquired { fence: next } = m.acquire(&key, &b, ttl) else {
+            panic!("expired lock not taken")
+        };
+        assert!(next > fence);
+        assert!(
+            !m.release(&key, &a),
+            "the old owner cannot release the new one's lock"
+        );
+        assert!(m.release(&key, &b));
+    }
+}

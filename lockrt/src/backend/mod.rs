@@ -5,7 +5,7 @@
 
 pub(crate) mod memory;
 pub(crate) mod pubsub;
-pub(crate) mod redis;
+pub(crate) mod standalone;
 
 use std::time::Duration;
 
@@ -110,7 +110,7 @@ pub(crate) struct Renewal<'a> {
 // indirection on every command. (TLS support makes the Redis variant larger.)
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
-    Redis(redis::RedisBackend),
+    Redis(standalone::RedisBackend),
     Memory(memory::MemoryBackend),
 }
 

@@ -1,4 +1,4 @@
-//! Standalone Redis: the three lock scripts over one multiplexed connection (requests from all
+//! Standalone Redis (a single server, possibly behind a Unix socket or TLS): the three lock scripts over one multiplexed connection (requests from all
 //! tasks are pipelined on it), which this module replaces whenever it can no longer be trusted.
 //!
 //! A pipelined connection pairs replies with requests by order only, so one reply that never
