@@ -216,8 +216,9 @@ fn run_seed(
         .into_iter()
         .map(|w| {
             let out = w.join(secs + Duration::from_secs(40));
+            // The harness may print "test worker ... " on the same line first.
             out.lines()
-                .filter(|l| l.starts_with("WORKER"))
+                .filter_map(|l| l.find("WORKER").map(|i| &l[i..]))
                 .collect::<Vec<_>>()
                 .join(" ")
         })

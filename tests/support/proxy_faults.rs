@@ -12,10 +12,10 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
-/// The default safety margin the lease monitor takes off every deadline (ttl/20 + 1 ms),
-/// until it becomes a setting.
+/// The margin a default `Locker` takes off a lease of `ttl` (`LockerBuilder::safety_margin`:
+/// 100 ms, but at least a twentieth and at most a quarter of the lease).
 pub fn default_margin(ttl: Duration) -> Duration {
-    ttl / 20 + Duration::from_millis(1)
+    Duration::from_millis(100).max(ttl / 20).min(ttl / 4)
 }
 
 /// A locker that talks to `proxy`, with a short response timeout so faults show quickly.
