@@ -1,10 +1,11 @@
 //! An axum handler: extractor patterns, `locker = state.locker`, a response type that carries
-//! lock failures.
+//! lock failures. `post(deduct)` only compiles if the locked fn is still a `Handler` (its future
+//! `Send`, its arguments extractors).
+use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Json, Router};
 use lockrt::{FromLockError, LockError, Locker, distributed_lock};
 
 #[derive(Clone)]
@@ -26,7 +27,7 @@ impl FromLockError for Reply {
 impl IntoResponse for Reply {
     fn into_response(self) -> Response {
         match self {
-            Reply::Done(n) => Json(n).into_response(),
+            Reply::Done(n) => n.to_string().into_response(),
             Reply::Busy => StatusCode::CONFLICT.into_response(),
         }
     }
@@ -37,7 +38,17 @@ async fn deduct(State(state): State<AppState>, Path(id): Path<u64>) -> Reply {
     Reply::Done(id)
 }
 
-fn main() {
-    let state = AppState { locker: Locker::in_memory() };
-    let _app: Router = Router::new().route("/items/{id}/deduct", post(deduct)).with_state(state);
+pub(crate) async fn run(locker: &Locker) {
+    let state = AppState {
+        locker: locker.clone(),
+    };
+    let _app: Router = Router::new()
+        .route("/items/{id}/deduct", post(deduct))
+        .with_state(state.clone());
+    let held = locker.acquire("stock:3", Default::default()).await.unwrap();
+    let busy = deduct(State(state.clone()), Path(3)).await.into_response();
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+    held.release().await.unwrap();
+    let done = deduct(State(state), Path(3)).await.into_response();
+    assert_eq!(done.status(), StatusCode::OK);
 }

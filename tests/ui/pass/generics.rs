@@ -34,11 +34,8 @@ async fn elided(name: &str) -> Result<&str, LockError> {
     Ok(name)
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
-    let locker = Locker::in_memory();
-    lockrt::set_default(locker.clone());
-    assert_eq!(generic(3u8, Wrap(locker)).await.unwrap(), "3");
+pub(crate) async fn run(locker: &Locker) {
+    assert_eq!(generic(3u8, Wrap(locker.clone())).await.unwrap(), "3");
     assert_eq!(impl_arg("x").await.unwrap().to_string(), "hello x");
     assert_eq!(lifetimes("a", "").await.unwrap(), "a");
     assert_eq!(elided("e").await.unwrap(), "e");

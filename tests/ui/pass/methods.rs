@@ -17,7 +17,7 @@ impl Accounts {
     }
 
     #[distributed_lock(key = "acct:{self.tenant}", locker = self.locker, ttl = "10s")]
-    pub async fn add(&mut self, amount: i64) -> Result<i64, LockError> {
+    pub(crate) async fn add(&mut self, amount: i64) -> Result<i64, LockError> {
         self.balance += amount;
         Ok(self.balance)
     }
@@ -43,13 +43,17 @@ impl Refunds for Shop {
     }
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
-    let locker = Locker::in_memory();
-    let mut a = Accounts { locker: locker.clone(), tenant: "t1".into(), balance: 5 };
+pub(crate) async fn run(locker: &Locker) {
+    let mut a = Accounts {
+        locker: locker.clone(),
+        tenant: "t1".into(),
+        balance: 5,
+    };
     assert_eq!(a.read(1).await.unwrap(), 5);
     assert_eq!(a.add(2).await.unwrap(), 7);
     assert_eq!(a.close().await.unwrap(), 7);
-    let shop = Shop { locker: Arc::new(locker) };
+    let shop = Shop {
+        locker: Arc::new(locker.clone()),
+    };
     assert_eq!(shop.refund(9).await.unwrap(), 9);
 }
