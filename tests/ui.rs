@@ -12,6 +12,10 @@
 
 #[path = "ui/pass/axum_handler.rs"]
 mod axum_handler;
+#[path = "ui/pass/bodies.rs"]
+mod bodies;
+#[path = "ui/pass/durations.rs"]
+mod durations;
 #[path = "ui/pass/free_fns.rs"]
 mod free_fns;
 #[path = "ui/pass/generics.rs"]
@@ -28,5 +32,7 @@ async fn every_supported_shape_compiles_and_runs() {
     free_fns::run(&locker).await;
     generics::run(&locker).await;
     methods::run(&locker).await;
+    bodies::run(&locker).await;
+    durations::run(&locker).await;
     axum_handler::run(&locker).await;
 }

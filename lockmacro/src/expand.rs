@@ -9,87 +9,79 @@
 //! async fn deduct(id: u64) -> Result<u32, AppError> {
 //!     let __lockrt_locker = ::lockrt::__private::default_locker();
 //!     let __lockrt_key = ::std::format!("stock:{}", &id);
+//!     let __lockrt_options = ::lockrt::__private::LockOptions::new()
+//!         .ttl(::core::time::Duration::from_millis(30000u64));
+//!     let __lockrt_body = async move { /* fake return */ BODY };
 //!     ::lockrt::__private::run(
-//!         __lockrt_locker, __lockrt_key,
-//!         ::lockrt::__private::options(Some(30000), None, false, true, false),
-//!         async move { BODY },
-//!     ).await
+//!         __lockrt_locker, __lockrt_key, __lockrt_options, { __lockrt_body },
+//!     )
+//!     .await
 //! }
 //! ```
-//! The locker and key are evaluated before the body takes the parameters by move, so they may
-//! borrow them (`self.locker`, `order.id`). `return` and `?` in `BODY` leave the async block, whose
-//! value `run` hands back unchanged once the lock is released.
+//! The locker, key and options are evaluated before the body takes the parameters by move, so
+//! they may borrow them (`self.locker`, `order.id`, `cfg.ttl()`). `return` and `?` in `BODY`
+//! leave the async block, whose value `run` hands back unchanged once the lock is released.
+//! Every local is `Span::mixed_site()`: the body can't see them, and a parameter may share
+//! their names.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Ident, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature};
+use syn::{FnArg, LitStr, Pat, ReturnType, Signature, Type};
 
-use crate::attr::{Args, WaitArg};
-use crate::template::{self, Part};
+use crate::attr::{Args, DurationArg, OnLostArg, Options, WaitArg};
+use crate::item::MaybeItemFn;
+use crate::template::{self, Hole, Part};
 
 /// The locked fn, or the error to report next to the untouched original.
-pub(crate) fn expand(args: Args, func: &ItemFn) -> syn::Result<TokenStream> {
+pub(crate) fn expand(args: Args, func: &MaybeItemFn) -> syn::Result<TokenStream> {
     check_shape(&func.sig)?;
-    let krate = match &args.krate {
+    let krate = match &args.options.krate {
         Some(path) => path.to_token_stream(),
         None => quote!(::lockrt),
     };
-    let key = key_expr(&args.key, &func.sig)?;
-
-    let locker = match &args.locker {
-        Some(expr) => {
-            // Spanned on the user's expression so a wrong type is reported there.
-            quote_spanned! {expr.span()=>
-                ::core::result::Result::Ok(#krate::__private::locker_of(&(#expr)))
-            }
-        }
-        None => quote!(#krate::__private::default_locker()),
-    };
-    let some_ms = |ms: Option<u64>| match ms {
-        Some(ms) => quote!(::core::option::Option::Some(#ms)),
-        None => quote!(::core::option::Option::None),
-    };
-    let ttl = some_ms(args.ttl_ms);
-    let (wait, forever) = match args.wait {
-        Some(WaitArg::Millis(ms)) => (some_ms(Some(ms)), false),
-        Some(WaitArg::Forever) => (some_ms(None), true),
-        None => (some_ms(None), false),
-    };
-    let watchdog = args.watchdog;
-    let on_lost_continue = args.on_lost_continue;
-
     // The `run` call carries the return type's span: a type that can't carry a lock failure is
-    // reported on the `-> Type` the user wrote.
-    let ret_span = match &func.sig.output {
-        ReturnType::Type(_, ty) => ty.span(),
-        ReturnType::Default => func.sig.ident.span(),
-    };
-
-    let block = &func.block;
+    // reported on the `-> Type` the user wrote. The body future is passed in braces of that
+    // span too: as a bare `mixed_site` ident it would make rustc repeat the error once more.
+    let ret_span = return_span(&func.sig);
+    let local = |name: &str| Ident::new(name, Span::mixed_site().located_at(ret_span));
+    let (locker, key, options, body) = (
+        local("__lockrt_locker"),
+        local("__lockrt_key"),
+        local("__lockrt_options"),
+        local("__lockrt_body"),
+    );
+    let locker_expr = locker_expr(&args.options, &krate);
+    let key_expr = key_expr(&args.key, &func.sig)?;
+    let options_expr = options_expr(&args.options, &krate);
+    let fake_return = fake_return(&func.sig);
     let run = quote_spanned! {ret_span=>
-        #krate::__private::run(__lockrt_locker, __lockrt_key, __lockrt_options, __lockrt_body)
-            .await
+        #krate::__private::run(#locker, #key, #options, { #body }).await
     };
-
-    let ItemFn {
-        attrs,
+    let MaybeItemFn {
+        outer_attrs,
         vis,
         sig,
-        block: _,
+        inner_attrs,
+        brace,
+        body: stmts,
     } = func;
+    let mut block = TokenStream::new();
+    brace.surround(&mut block, |block| {
+        fake_return.to_tokens(block);
+        stmts.to_tokens(block);
+    });
     Ok(quote! {
-        #(#attrs)*
+        #(#outer_attrs)*
         #vis #sig {
-            let __lockrt_locker: ::core::result::Result<
+            #(#inner_attrs)*
+            let #locker: ::core::result::Result<
                 #krate::__private::Locker,
                 #krate::__private::LockError,
-            > = #locker;
-            let __lockrt_key: ::std::string::String = #key;
-            let __lockrt_options = #krate::__private::options(
-                #ttl, #wait, #forever, #watchdog, #on_lost_continue,
-            );
-            let __lockrt_body = async move #block;
+            > = #locker_expr;
+            let #key: ::std::string::String = #key_expr;
+            let #options: #krate::__private::LockOptions = #options_expr;
+            let #body = async move #block;
             #run
         }
     })
@@ -115,7 +107,127 @@ fn check_shape(sig: &Signature) -> syn::Result<()> {
     ))
 }
 
-/// `format!` over the template, with each placeholder borrowed from the fn's bindings.
+fn return_span(sig: &Signature) -> Span {
+    match &sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => sig.ident.span(),
+    }
+}
+
+/// A never-taken `return` of the declared type, first in the async block, so the block is
+/// type-checked against the fn's return type (as the fn body would be) rather than inferred
+/// from its tail: `Ok(Box::new(id))` then coerces to `Box<dyn Display>`. `impl Trait` can't be
+/// named in a `let`, so it becomes `_` (tracing-attributes does the same).
+fn fake_return(sig: &Signature) -> TokenStream {
+    let ty = match &sig.output {
+        ReturnType::Type(_, ty) => {
+            let mut ty = (**ty).clone();
+            erase_impl_trait(&mut ty);
+            ty.into_token_stream()
+        }
+        ReturnType::Default => quote!(()),
+    };
+    let ret = Ident::new(
+        "__lockrt_return",
+        Span::mixed_site().located_at(return_span(sig)),
+    );
+    quote_spanned! {return_span(sig)=>
+        #[allow(
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::needless_return
+        )]
+        if false {
+            let #ret: #ty = loop {};
+            return #ret;
+        }
+    }
+}
+
+/// Replaces every `impl Trait` in `ty` with `_`.
+fn erase_impl_trait(ty: &mut Type) {
+    match ty {
+        Type::ImplTrait(it) => {
+            *ty = Type::Infer(syn::TypeInfer {
+                underscore_token: syn::Token![_](it.span()),
+            });
+        }
+        Type::Array(t) => erase_impl_trait(&mut t.elem),
+        Type::Group(t) => erase_impl_trait(&mut t.elem),
+        Type::Paren(t) => erase_impl_trait(&mut t.elem),
+        Type::Ptr(t) => erase_impl_trait(&mut t.elem),
+        Type::Reference(t) => erase_impl_trait(&mut t.elem),
+        Type::Slice(t) => erase_impl_trait(&mut t.elem),
+        Type::Tuple(t) => t.elems.iter_mut().for_each(erase_impl_trait),
+        Type::Path(t) => {
+            for segment in &mut t.path.segments {
+                if let syn::PathArguments::AngleBracketed(args) = &mut segment.arguments {
+                    for arg in &mut args.args {
+                        if let syn::GenericArgument::Type(t) = arg {
+                            erase_impl_trait(t);
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn locker_expr(options: &Options, krate: &TokenStream) -> TokenStream {
+    match &options.locker {
+        // Spanned on the user's expression so a wrong type is reported there.
+        Some(expr) => quote_spanned! {expr.span()=>
+            ::core::result::Result::Ok(#krate::__private::locker_of(&(#expr)))
+        },
+        None => quote!(#krate::__private::default_locker()),
+    }
+}
+
+/// The public `LockOptions` builder with one call per argument given; the rest stays at the
+/// locker's defaults.
+fn options_expr(options: &Options, krate: &TokenStream) -> TokenStream {
+    let mut chain = quote!(#krate::__private::LockOptions::new());
+    if let Some(ttl) = &options.ttl {
+        let ttl = duration(ttl);
+        chain.extend(quote!(.ttl(#ttl)));
+    }
+    match &options.wait {
+        Some(WaitArg::For(wait)) => {
+            let wait = duration(wait);
+            chain.extend(quote!(.wait(#wait)));
+        }
+        Some(WaitArg::Forever) => chain.extend(quote!(.wait_forever())),
+        None => {}
+    }
+    if let Some(max_hold) = &options.max_hold {
+        let max_hold = duration(max_hold);
+        chain.extend(quote!(.max_hold(#max_hold)));
+    }
+    if let Some(on) = options.watchdog {
+        chain.extend(quote!(.watchdog(#on)));
+    }
+    if let Some(policy) = options.on_lost {
+        let policy = match policy {
+            OnLostArg::Cancel => quote!(Cancel),
+            OnLostArg::Continue => quote!(Continue),
+        };
+        chain.extend(quote!(.on_lost(#krate::__private::OnLost::#policy)));
+    }
+    chain
+}
+
+fn duration(d: &DurationArg) -> TokenStream {
+    match d {
+        DurationArg::Millis(ms) => quote!(::core::time::Duration::from_millis(#ms)),
+        // The user's tokens, so a type mismatch is reported on them.
+        DurationArg::Expr(expr) => expr.to_token_stream(),
+    }
+}
+
+/// `format!` over the template, each placeholder's value borrowed from the fn's bindings.
 fn key_expr(lit: &LitStr, sig: &Signature) -> syn::Result<TokenStream> {
     let value = lit.value();
     let parts =
@@ -127,27 +239,38 @@ fn key_expr(lit: &LitStr, sig: &Signature) -> syn::Result<TokenStream> {
         match part {
             Part::Text(text) => fmt.push_str(&text.replace('{', "{{").replace('}', "}}")),
             Part::Hole(hole) => {
-                let span = span_in(lit, &hole.range);
-                let root = &hole.path[0];
-                if !bindings.iter().any(|b| b == root) {
-                    return Err(syn::Error::new(span, unknown_name(root, &bindings, sig)));
-                }
-                let root = if root == "self" {
-                    quote_spanned!(span=> self)
-                } else {
-                    Ident::new(root, span).into_token_stream()
-                };
-                let fields = hole.path[1..].iter().map(|f| match f.parse::<u32>() {
-                    Ok(index) => syn::Index { index, span }.into_token_stream(),
-                    Err(_) => Ident::new(f, span).into_token_stream(),
-                });
-                values.push(quote_spanned!(span=> &(#root #(.#fields)*)));
+                values.push(placeholder_value(lit, &hole, &bindings, sig)?);
                 fmt.push_str("{}");
             }
         }
     }
     let fmt = LitStr::new(&fmt, lit.span());
     Ok(quote!(::std::format!(#fmt #(, #values)*)))
+}
+
+/// `&order.id`, spanned on the placeholder so a missing `Display` or an unknown field is
+/// reported inside the key string.
+fn placeholder_value(
+    lit: &LitStr,
+    hole: &Hole,
+    bindings: &[String],
+    sig: &Signature,
+) -> syn::Result<TokenStream> {
+    let span = span_in(lit, &hole.range);
+    let root = &hole.path[0];
+    if !bindings.iter().any(|b| b == root) {
+        return Err(syn::Error::new(span, unknown_name(root, bindings, sig)));
+    }
+    let root = if root == "self" {
+        quote_spanned!(span=> self)
+    } else {
+        Ident::new(root, span).into_token_stream()
+    };
+    let fields = hole.path[1..].iter().map(|f| match f.parse::<u32>() {
+        Ok(index) => syn::Index { index, span }.into_token_stream(),
+        Err(_) => Ident::new(f, span).into_token_stream(),
+    });
+    Ok(quote_spanned!(span=> &#root #(.#fields)*))
 }
 
 fn unknown_name(name: &str, bindings: &[String], sig: &Signature) -> String {
@@ -229,27 +352,100 @@ fn span_in(lit: &LitStr, range: &std::ops::Range<usize>) -> Span {
 mod tests {
     use super::*;
 
-    /// The expansion shown in `lockrt::distributed_lock`'s docs; printed with `--nocapture`.
+    fn pretty(args: Args, func: MaybeItemFn) -> String {
+        let out = expand(args, &func).unwrap();
+        prettyplease::unparse(&syn::parse2(out).unwrap())
+    }
+
+    /// `needle` occurs in `haystack`, whitespace aside (prettyplease decides the line breaks).
+    fn contains(haystack: &str, needle: &str) -> bool {
+        let squash = |s: &str| s.split_whitespace().collect::<String>();
+        squash(haystack).contains(&squash(needle))
+    }
+
+    /// The "What it expands to" section of `lockrt::distributed_lock`'s docs is this test's
+    /// output, verbatim: change one, and this fails until the other agrees.
     #[test]
     fn expansion_of_the_documented_example() {
-        let args: Args = syn::parse_quote!(key = "stock:{id}", ttl = "30s");
-        let func: ItemFn = syn::parse_quote! {
-            /// Docs stay.
-            pub async fn deduct(id: u64) -> Result<u32, AppError> { BODY }
-        };
-        let out = expand(args, &func).unwrap();
-        let pretty = prettyplease::unparse(&syn::parse2(out).unwrap());
+        let pretty = pretty(
+            syn::parse_quote!(key = "stock:{id}", ttl = "30s"),
+            syn::parse_quote! {
+                async fn deduct(id: u64) -> Result<u32, AppError> { BODY }
+            },
+        );
         println!("{pretty}");
-        for needle in [
-            "/// Docs stay.",
-            "pub async fn deduct(id: u64) -> Result<u32, AppError> {",
-            "::lockrt::__private::default_locker()",
-            "::std::format!(\"stock:{}\", & (id))",
-            "::core::option::Option::Some(30000u64)",
-            "let __lockrt_body = async move { BODY };",
-            "::lockrt::__private::run(",
-        ] {
-            assert!(pretty.contains(needle), "missing {needle:?} in\n{pretty}");
-        }
+        let docs = include_str!("../../lockrt/src/lib.rs");
+        let section = &docs[docs
+            .find("/// # What it expands to")
+            .expect("the docs section")..];
+        let documented: String = section
+            .lines()
+            .skip_while(|line| !line.starts_with("/// ```text"))
+            .skip(1)
+            .take_while(|line| !line.starts_with("/// ```"))
+            .map(|line| format!("{}\n", line.strip_prefix("/// ").unwrap_or("")))
+            .collect();
+        assert_eq!(documented, pretty, "update the docs in lockrt/src/lib.rs");
+    }
+
+    #[test]
+    fn signature_attributes_and_docs_stay() {
+        let pretty = pretty(
+            syn::parse_quote!(key = "k"),
+            syn::parse_quote! {
+                /// Docs stay.
+                #[must_use]
+                pub(crate) async fn f<T: Send>(t: T) -> Result<T, E> where T: Sync { Ok(t) }
+            },
+        );
+        let head =
+            "/// Docs stay.\n#[must_use]\npub(crate) async fn f<T: Send>(t: T) -> Result<T, E>\n";
+        assert!(pretty.starts_with(head), "{pretty}");
+    }
+
+    #[test]
+    fn every_option_becomes_a_builder_call() {
+        let pretty = pretty(
+            syn::parse_quote!(
+                key = "k",
+                ttl = TTL,
+                wait = "forever",
+                max_hold = "10m",
+                watchdog = false,
+                on_lost = "continue",
+                crate = ::my::lockrt
+            ),
+            syn::parse_quote!(
+                async fn f() {}
+            ),
+        );
+        let chain = "::my::lockrt::__private::LockOptions::new().ttl(TTL).wait_forever()
+            .max_hold(::core::time::Duration::from_millis(600000u64)).watchdog(false)
+            .on_lost(::my::lockrt::__private::OnLost::Continue);";
+        assert!(contains(&pretty, chain), "{pretty}");
+        assert!(
+            contains(&pretty, "let __lockrt_return: () = loop {};"),
+            "{pretty}"
+        );
+    }
+
+    #[test]
+    fn inner_attributes_open_the_new_body_and_impl_trait_is_erased() {
+        let pretty = pretty(
+            syn::parse_quote!(key = "o:{a}:{b}"),
+            syn::parse_quote! {
+                async fn f(a: u8, b: u8) -> Result<impl Display, E> { #![allow(unused)] Ok(a) }
+            },
+        );
+        assert!(
+            contains(&pretty, "{ #![allow(unused)] let __lockrt_locker"),
+            "{pretty}"
+        );
+        assert!(
+            contains(&pretty, "let __lockrt_return: Result<_, E> = loop {};"),
+            "{pretty}"
+        );
+        let key = "\"o:{}:{}\", &a, &b";
+        assert!(contains(&pretty, key), "{pretty}");
     }
 }

@@ -1,35 +1,32 @@
 //! The `#[distributed_lock]` attribute. Use it through the `lockrt` crate, which re-exports it
 //! and documents it in full.
 //!
-//! Split like `tracing-attributes`: `attr` parses and checks the arguments, `template` the
-//! key template, `expand` writes the locked fn. On any mistake the original fn is emitted
-//! unchanged next to the error, so one typo doesn't bury the user in follow-up errors.
+//! Split like `tracing-attributes`: `item` parses the fn (leniently: the body stays tokens),
+//! `attr` parses and checks the arguments, `template` the key template, `expand` writes the
+//! locked fn. On any mistake the original fn is emitted unchanged next to the error, so one typo
+//! doesn't bury the user in follow-up errors.
 
 use proc_macro::TokenStream;
-use quote::ToTokens;
 
 mod attr;
 mod expand;
+mod item;
 mod template;
 
 /// (Implemented by the `lockmacro` crate; use it as `lockrt::distributed_lock`.)
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
-    let item2 = proc_macro2::TokenStream::from(item);
-    let func = match syn::parse2::<syn::ItemFn>(item2.clone()) {
+    let item = proc_macro2::TokenStream::from(item);
+    let func = match syn::parse2::<item::MaybeItemFn>(item.clone()) {
         Ok(func) => func,
-        Err(_) => {
-            let e = not_a_fn(&item2);
-            return with_error(item2, e).into();
+        Err(e) => {
+            let e = not_a_fn(&item, e);
+            return with_error(item, e).into();
         }
     };
-    let args = match syn::parse::<attr::Args>(args) {
-        Ok(args) => args,
-        Err(e) => return with_error(func.into_token_stream(), e).into(),
-    };
-    match expand::expand(args, &func) {
+    match syn::parse::<attr::Args>(args).and_then(|args| expand::expand(args, &func)) {
         Ok(tokens) => tokens.into(),
-        Err(e) => with_error(func.into_token_stream(), e).into(),
+        Err(e) => with_error(item, e).into(),
     }
 }
 
@@ -38,13 +35,17 @@ fn with_error(item: proc_macro2::TokenStream, e: syn::Error) -> proc_macro2::Tok
     quote::quote!(#item #error)
 }
 
-fn not_a_fn(item: &proc_macro2::TokenStream) -> syn::Error {
+/// Why `item` is not a fn the attribute can wrap. `parse_error` is syn's complaint, kept when
+/// the item is no valid Rust at all (a broken signature): it names the token that is wrong.
+fn not_a_fn(item: &proc_macro2::TokenStream, parse_error: syn::Error) -> syn::Error {
     // A trait method without a default body parses as a signature followed by `;`.
     let message = if syn::parse2::<syn::TraitItemFn>(item.clone()).is_ok() {
         "#[distributed_lock] needs a fn body to wrap: put it on the method in the `impl`, not on \
          its declaration in the trait"
-    } else {
+    } else if syn::parse2::<syn::Item>(item.clone()).is_ok() {
         "#[distributed_lock] goes on an `async fn`"
+    } else {
+        return parse_error;
     };
     syn::Error::new_spanned(item, message)
 }

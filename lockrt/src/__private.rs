@@ -61,30 +61,6 @@ pub fn default_locker() -> Result<Locker, LockError> {
     crate::default_locker()
 }
 
-/// Options from the attribute's literal arguments; `None` = the locker's default.
-#[inline]
-pub const fn options(
-    ttl_ms: Option<u64>,
-    wait_ms: Option<u64>,
-    wait_forever: bool,
-    watchdog: bool,
-    on_lost_continue: bool,
-) -> LockOptions {
-    let mut o = LockOptions::new().watchdog(watchdog);
-    if let Some(ms) = ttl_ms {
-        o = o.ttl(std::time::Duration::from_millis(ms));
-    }
-    if wait_forever {
-        o = o.wait_forever();
-    } else if let Some(ms) = wait_ms {
-        o = o.wait(std::time::Duration::from_millis(ms));
-    }
-    if on_lost_continue {
-        o = o.on_lost(OnLost::Continue);
-    }
-    o
-}
-
 /// Runs `body` under the lock and folds lock failures into the fn's return type.
 #[inline]
 pub async fn run<F>(

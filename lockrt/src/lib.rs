@@ -129,13 +129,45 @@ pub use section::Checked;
 /// | `key = "..."` | the lock's name, a template (below); required | |
 /// | `ttl = "30s"` | lease length: `"500ms"`, `"30s"`, `"1m30s"`; at least 30 ms | the locker's, 30 s |
 /// | `wait = "5s"` | longest wait for a busy lock; `"0s"` = one attempt, `"forever"` = no limit | the locker's, 10 s |
+/// | `max_hold = "10m"` | longest time the lock may be held: then the watchdog stops and the body is told it lost the lock (as `on_lost` says) | the locker's, none |
 /// | `locker = EXPR` | where the lock lives: a `Locker`, `&Locker` or `Arc<Locker>`, evaluated inside the fn | [`set_default`]'s |
 /// | `watchdog = bool` | `true`: renew every ttl/3 while the body runs; `false`: a fixed lease of `ttl` | `true` |
 /// | `on_lost = "..."` | `"cancel"`: drop the body and return [`LockError::Lost`]; `"continue"`: log at WARN and finish | `"cancel"` |
 /// | `crate = path` | where to find `lockrt` when it is re-exported under another name | `::lockrt` |
 ///
-/// Durations are checked at compile time: `ttl = "0s"`, `ttl = "30 sec"` or `wait = "soon"` are
+/// Each argument becomes one call on [`LockOptions`] (`ttl = "30s"` is
+/// `.ttl(Duration::from_millis(30000))`). A duration written as a string literal is checked at
+/// compile time: `ttl = "0s"`, `ttl = "30 sec"`, `max_hold = "0s"` or `wait = "soon"` are
 /// compile errors on the literal, as are unknown or repeated arguments.
+///
+/// `ttl`, `wait` and `max_hold` also take any expression of type [`Duration`]: a constant, or a
+/// value read from configuration. Like `locker`, it is evaluated inside the fn, before the body
+/// runs, so it may use the parameters; it is not checked at compile time (the runtime raises a
+/// ttl below 30 ms to 30 ms).
+///
+/// ```
+/// use lockrt::{distributed_lock, LockError, Locker};
+/// use std::time::Duration;
+///
+/// const TTL: Duration = Duration::from_secs(10);
+///
+/// struct Jobs { locker: Locker, patience: Duration }
+///
+/// impl Jobs {
+///     #[distributed_lock(key = "job:{name}", locker = self.locker, ttl = TTL,
+///                        wait = self.patience, max_hold = "10m")]
+///     async fn run_once(&self, name: &str) -> Result<(), LockError> {
+///         Ok(())
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// let jobs = Jobs { locker: Locker::in_memory(), patience: Duration::ZERO };
+/// jobs.run_once("nightly").await?;
+/// # Ok(()) }
+/// ```
+///
+/// [`Duration`]: std::time::Duration
 ///
 /// ## Key templates
 ///
@@ -143,8 +175,10 @@ pub use section::Checked;
 /// (`{order.id}`, `{pair.0}`, `{self.tenant}`) and bindings inside patterns
 /// (`Path(id): Path<u64>`, `(a, b): (u32, u32)`) work too. `{{`, `}}` and `<<` are literal
 /// `{`, `}` and `<`. A name that is not a parameter is a compile error listing the ones that
-/// are. The rendered key goes through the locker's key hygiene (prefix `lock:`, escaping), so
-/// no value can forge another lock's name.
+/// are.
+///
+/// The rendered key goes through the locker's key hygiene (prefix `lock:`, escaping), so no
+/// value can forge another lock's name.
 ///
 /// ```
 /// use lockrt::{distributed_lock, LockError, Locker};
@@ -220,7 +254,7 @@ pub use section::Checked;
 /// The signature, attributes, docs and visibility stay as written; only the body changes.
 /// `#[distributed_lock(key = "stock:{id}", ttl = "30s")]` on
 /// `async fn deduct(id: u64) -> Result<u32, AppError> { BODY }` expands to (pretty-printed by
-/// the `expansion_of_the_documented_example` test of `lockmacro`):
+/// the `expansion_of_the_documented_example` test of `lockmacro`, which checks this text):
 ///
 /// ```text
 /// async fn deduct(id: u64) -> Result<u32, AppError> {
@@ -228,29 +262,46 @@ pub use section::Checked;
 ///         ::lockrt::__private::Locker,
 ///         ::lockrt::__private::LockError,
 ///     > = ::lockrt::__private::default_locker();
-///     let __lockrt_key: ::std::string::String = ::std::format!("stock:{}", & (id));
-///     let __lockrt_options = ::lockrt::__private::options(
-///         ::core::option::Option::Some(30000u64),
-///         ::core::option::Option::None,
-///         false,
-///         true,
-///         false,
-///     );
-///     let __lockrt_body = async move { BODY };
+///     let __lockrt_key: ::std::string::String = ::std::format!("stock:{}", & id);
+///     let __lockrt_options: ::lockrt::__private::LockOptions = ::lockrt::__private::LockOptions::new()
+///         .ttl(::core::time::Duration::from_millis(30000u64));
+///     let __lockrt_body = async move {
+///         #[allow(
+///             unreachable_code,
+///             clippy::diverging_sub_expression,
+///             clippy::empty_loop,
+///             clippy::let_unit_value,
+///             clippy::needless_return
+///         )]
+///         if false {
+///             let __lockrt_return: Result<u32, AppError> = loop {};
+///             return __lockrt_return;
+///         }
+///         BODY
+///     };
 ///     ::lockrt::__private::run(
 ///             __lockrt_locker,
 ///             __lockrt_key,
 ///             __lockrt_options,
-///             __lockrt_body,
+///             { __lockrt_body },
 ///         )
 ///         .await
 /// }
 /// ```
 ///
-/// `run` is [`Locker::run`] plus the conversion of a lock failure through [`FromLockError`]:
-/// the same round trips as calling `Locker::run` by hand, and no allocation beyond the key.
-/// The locker and key are evaluated before the body takes the parameters by move, so they may
-/// borrow them; `return` and `?` in `BODY` leave the async block, not the lock.
+/// - The locker, key and options are evaluated first, before the body takes the parameters by
+///   move, so they may borrow them. Each given argument is one builder call; the others keep
+///   the locker's defaults.
+/// - The `if false { .. }` never runs: its `return` makes the async block check against the
+///   declared return type, exactly as the fn body would (so `Ok(Box::new(x))` coerces to
+///   `Result<Box<dyn Trait>, _>`). `impl Trait` in the return type is written `_` there.
+/// - `return` and `?` in `BODY` leave the async block, not the lock. Inner attributes
+///   (`#![allow(..)]`) stay first in the body. The `__lockrt_*` locals are hygienic: the body
+///   can't see them, and a parameter may have the same name.
+/// - `run` is [`Locker::run`] plus the conversion of a lock failure through [`FromLockError`]:
+///   the same round trips as calling `Locker::run` by hand, and no allocation beyond the key.
+///   Its call and the braces around `__lockrt_body` carry the span of the return type, so a
+///   type that can't carry a lock failure is reported there.
 ///
 /// `#[async_trait]` methods are refused with a compile error (the attribute would see
 /// `async_trait`'s boxed future): use a native `async fn` in the trait, or `Locker::run`.

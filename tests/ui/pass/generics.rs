@@ -1,4 +1,4 @@
-//! Generic fns, where-clauses, `impl Trait` arguments and returns, lifetimes.
+//! Generic fns, where-clauses, `impl Trait` arguments and returns, `dyn` returns, lifetimes.
 use lockrt::{LockError, Locker, distributed_lock};
 use std::fmt::Display;
 
@@ -24,6 +24,20 @@ async fn impl_arg(name: impl Display + Send) -> Result<impl Display, LockError> 
     Ok(format!("hello {name}"))
 }
 
+/// The body checks against the declared type, so `Box::new(id)` coerces to the trait object.
+#[distributed_lock(key = "dyn:{id}")]
+async fn dyn_return(id: u64) -> Result<Box<dyn Display + Send>, LockError> {
+    Ok(Box::new(id))
+}
+
+#[distributed_lock(key = "dyn-early:{id}")]
+async fn dyn_early_return(id: u64) -> Result<Box<dyn Display + Send>, LockError> {
+    if id == 0 {
+        return Ok(Box::new("zero"));
+    }
+    Ok(Box::new(id))
+}
+
 #[distributed_lock(key = "borrow:{name}")]
 async fn lifetimes<'a, 'b: 'a>(name: &'a str, other: &'b str) -> Result<&'a str, LockError> {
     Ok(if other.is_empty() { name } else { other })
@@ -37,6 +51,8 @@ async fn elided(name: &str) -> Result<&str, LockError> {
 pub(crate) async fn run(locker: &Locker) {
     assert_eq!(generic(3u8, Wrap(locker.clone())).await.unwrap(), "3");
     assert_eq!(impl_arg("x").await.unwrap().to_string(), "hello x");
+    assert_eq!(dyn_return(4).await.unwrap().to_string(), "4");
+    assert_eq!(dyn_early_return(0).await.unwrap().to_string(), "zero");
     assert_eq!(lifetimes("a", "").await.unwrap(), "a");
     assert_eq!(elided("e").await.unwrap(), "e");
 }
