@@ -8,7 +8,7 @@
 //! ```text
 //! async fn deduct(id: u64) -> Result<u32, AppError> {
 //!     let __lockrt_locker = ::lockrt::__private::default_locker();
-//!     let __lockrt_key = ::std::format!("stock:{}", &id);
+//!     let __lockrt_key = ::std::format!("stock:{}", ::lockrt::__private::KeyPart(&id, '%'));
 //!     let __lockrt_options = ::lockrt::__private::LockOptions::new()
 //!         .ttl(::core::time::Duration::from_millis(30000u64));
 //!     let __lockrt_body = async move { /* fake return */ BODY };
@@ -24,7 +24,7 @@
 //! Every local is `Span::mixed_site()`: the body can't see them, and a parameter may share
 //! their names.
 
-use proc_macro2::{Ident, Span, TokenStream};
+use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, LitStr, Pat, ReturnType, Signature, Type};
@@ -52,7 +52,7 @@ pub(crate) fn expand(args: Args, func: &MaybeItemFn) -> syn::Result<TokenStream>
         local("__lockrt_body"),
     );
     let locker_expr = locker_expr(&args.options, &krate);
-    let key_expr = key_expr(&args.key, &func.sig)?;
+    let key_expr = key_expr(&args.key, &func.sig, &krate)?;
     let options_expr = options_expr(&args.options, &krate);
     let fake_return = fake_return(&func.sig);
     let run = quote_spanned! {ret_span=>
@@ -227,8 +227,9 @@ fn duration(d: &DurationArg) -> TokenStream {
     }
 }
 
-/// `format!` over the template, each placeholder's value borrowed from the fn's bindings.
-fn key_expr(lit: &LitStr, sig: &Signature) -> syn::Result<TokenStream> {
+/// `format!` over the template, each placeholder's value borrowed from the fn's bindings and
+/// wrapped in `KeyPart`, which escapes `%` and the character that follows the placeholder.
+fn key_expr(lit: &LitStr, sig: &Signature, krate: &TokenStream) -> syn::Result<TokenStream> {
     let value = lit.value();
     let parts =
         template::parse(&value).map_err(|e| syn::Error::new(span_in(lit, &e.range), e.message))?;
@@ -239,7 +240,7 @@ fn key_expr(lit: &LitStr, sig: &Signature) -> syn::Result<TokenStream> {
         match part {
             Part::Text(text) => fmt.push_str(&text.replace('{', "{{").replace('}', "}}")),
             Part::Hole(hole) => {
-                values.push(placeholder_value(lit, &hole, &bindings, sig)?);
+                values.push(placeholder_value(lit, &hole, &bindings, sig, krate)?);
                 fmt.push_str("{}");
             }
         }
@@ -248,13 +249,14 @@ fn key_expr(lit: &LitStr, sig: &Signature) -> syn::Result<TokenStream> {
     Ok(quote!(::std::format!(#fmt #(, #values)*)))
 }
 
-/// `&order.id`, spanned on the placeholder so a missing `Display` or an unknown field is
-/// reported inside the key string.
+/// `KeyPart(&order.id, ':')`, spanned on the placeholder so a missing `Display` or an
+/// unknown field is reported inside the key string.
 fn placeholder_value(
     lit: &LitStr,
     hole: &Hole,
     bindings: &[String],
     sig: &Signature,
+    krate: &TokenStream,
 ) -> syn::Result<TokenStream> {
     let span = span_in(lit, &hole.range);
     let root = &hole.path[0];
@@ -270,7 +272,10 @@ fn placeholder_value(
         Ok(index) => syn::Index { index, span }.into_token_stream(),
         Err(_) => Ident::new(f, span).into_token_stream(),
     });
-    Ok(quote_spanned!(span=> &#root #(.#fields)*))
+    // At the end of the template only `%` needs escaping: nothing follows to be confused with.
+    let mut escaped = Literal::character(hole.followed_by.unwrap_or('%'));
+    escaped.set_span(span);
+    Ok(quote_spanned!(span=> #krate::__private::KeyPart(&#root #(.#fields)*, #escaped)))
 }
 
 fn unknown_name(name: &str, bindings: &[String], sig: &Signature) -> String {
@@ -445,7 +450,8 @@ mod tests {
             contains(&pretty, "let __lockrt_return: Result<_, E> = loop {};"),
             "{pretty}"
         );
-        let key = "\"o:{}:{}\", &a, &b";
+        let key = "\"o:{}:{}\", ::lockrt::__private::KeyPart(&a, ':'),
+            ::lockrt::__private::KeyPart(&b, '%')";
         assert!(contains(&pretty, key), "{pretty}");
     }
 }

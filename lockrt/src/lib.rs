@@ -177,8 +177,16 @@ pub use section::Checked;
 /// `{`, `}` and `<`. A name that is not a parameter is a compile error listing the ones that
 /// are.
 ///
-/// The rendered key goes through the locker's key hygiene (prefix `lock:`, escaping), so no
-/// value can forge another lock's name.
+/// Different arguments never render the same key. Inside each value, `%` and the first
+/// character of the text that follows the placeholder in the template are percent-encoded
+/// (`%25`, `%3A`, one `%XX` per UTF-8 byte), so a value can't contain the text that ends it:
+/// with `key = "order:{a}:{b}"`, `("a:b", "c")` renders `order:a%3Ab:c` and `("a", "b:c")`
+/// renders `order:a:b:c` (a value at the end of the template has only its `%` encoded). For
+/// the same reason two placeholders need text between them (`"{a}{b}"` is a compile error:
+/// write `"{a}:{b}"`), and that text must not start with `%`. Values without `%` or the
+/// separator render as they are. The locker then applies its key hygiene to the whole key
+/// (prefix `lock:`, `{`, `}` and `%` percent-encoded in the Redis name, so no key can forge a
+/// Redis Cluster hash tag).
 ///
 /// ```
 /// use lockrt::{distributed_lock, LockError, Locker};
@@ -201,6 +209,8 @@ pub use section::Checked;
 /// let svc = Refunds { locker: Arc::new(Locker::in_memory()), region: "eu" };
 /// let order = Order { id: 9, shop: "acme".into() };
 /// assert_eq!(svc.refund(&order).await?, "refund:eu:acme:9");
+/// let order = Order { id: 9, shop: "ac:me".into() };
+/// assert_eq!(svc.refund(&order).await?, "refund:eu:ac%3Ame:9");
 /// # Ok(()) }
 /// ```
 ///
@@ -262,7 +272,9 @@ pub use section::Checked;
 ///         ::lockrt::__private::Locker,
 ///         ::lockrt::__private::LockError,
 ///     > = ::lockrt::__private::default_locker();
-///     let __lockrt_key: ::std::string::String = ::std::format!("stock:{}", & id);
+///     let __lockrt_key: ::std::string::String = ::std::format!(
+///         "stock:{}", ::lockrt::__private::KeyPart(& id, '%')
+///     );
 ///     let __lockrt_options: ::lockrt::__private::LockOptions = ::lockrt::__private::LockOptions::new()
 ///         .ttl(::core::time::Duration::from_millis(30000u64));
 ///     let __lockrt_body = async move {
@@ -291,7 +303,8 @@ pub use section::Checked;
 ///
 /// - The locker, key and options are evaluated first, before the body takes the parameters by
 ///   move, so they may borrow them. Each given argument is one builder call; the others keep
-///   the locker's defaults.
+///   the locker's defaults. `KeyPart(&id, '%')` writes `id`'s `Display` with the escaping
+///   described under key templates (here only `%`: nothing follows `{id}`).
 /// - The `if false { .. }` never runs: its `return` makes the async block check against the
 ///   declared return type, exactly as the fn body would (so `Ok(Box::new(x))` coerces to
 ///   `Result<Box<dyn Trait>, _>`). `impl Trait` in the return type is written `_` there.

@@ -1,4 +1,5 @@
-//! Free fns: every argument, both placeholder forms, field paths, patterns, escapes, `?`.
+//! Free fns: every argument, both placeholder forms, field paths, patterns, escapes, `?`, and
+//! keys that stay apart when values contain the separator.
 use lockrt::{LockError, Locker, distributed_lock};
 use std::sync::Arc;
 
@@ -64,6 +65,15 @@ async fn question_mark(text: String) -> Result<u32, AppError> {
     Ok(n)
 }
 
+/// `("a:b", "c")` and `("a", "b:c")` are different locks, held at once.
+#[distributed_lock(key = "two:{a}:{b}", wait = "0s")]
+async fn two_parts(a: &str, b: &str, inner: Option<(&str, &str)>) -> Result<String, LockError> {
+    if let Some((a, b)) = inner {
+        Box::pin(two_parts(a, b, None)).await?;
+    }
+    Ok(lockrt::current_lock().unwrap().key().to_owned())
+}
+
 pub(crate) async fn run(locker: &Locker) {
     assert_eq!(mission_form(7).await.unwrap(), 7);
     let order = Order {
@@ -101,4 +111,7 @@ pub(crate) async fn run(locker: &Locker) {
         question_mark("x".into()).await,
         Err(AppError::Parse)
     ));
+    let key = two_parts("a:b", "c", Some(("a", "b:c"))).await.unwrap();
+    assert_eq!(key, "two:a%3Ab:c");
+    assert_eq!(two_parts("50%", "", None).await.unwrap(), "two:50%25:");
 }
