@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::LockError;
 use crate::backend::Backend;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::standalone::{RedisBackend, Timeouts};
+use crate::backend::remote::{self, RedisBackend, SyncReplicas, Timeouts};
+use crate::backend::topology::{TlsFiles, Topology};
 use crate::key::validate_prefix;
 use crate::locker::{Locker, Settings};
 use crate::options::Wait;
@@ -39,7 +40,9 @@ pub(crate) const MAX_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
 #[derive(Clone)]
 #[must_use]
 pub struct LockerBuilder {
-    url: Option<String>,
+    topology: Option<Topology>,
+    tls: TlsFiles,
+    sync: Option<SyncReplicas>,
     prefix: String,
     default_ttl: Duration,
     default_wait: Wait,
@@ -53,7 +56,7 @@ pub struct LockerBuilder {
 impl fmt::Debug for LockerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockerBuilder")
-            .field("url", &self.url.as_deref().map(crate::redact::url))
+            .field("servers", &self.topology.as_ref().map(shown))
             .field("prefix", &self.prefix)
             .field("default_ttl", &self.default_ttl)
             .field("default_wait", &self.default_wait)
@@ -66,7 +69,9 @@ impl fmt::Debug for LockerBuilder {
 impl Default for LockerBuilder {
     fn default() -> Self {
         LockerBuilder {
-            url: None,
+            topology: None,
+            tls: TlsFiles::default(),
+            sync: None,
             prefix: "lock:".to_owned(),
             default_ttl: DEFAULT_TTL,
             default_wait: Wait::For(DEFAULT_WAIT),
@@ -80,10 +85,106 @@ impl Default for LockerBuilder {
 }
 
 impl LockerBuilder {
-    /// The server: `redis://[:password@]host:port/db`, `rediss://...` (feature `tls`) or
-    /// `redis+unix:///path/to/socket`.
+    /// The server: `redis://[user:password@]host:port/db`, `rediss://...` (feature `tls`),
+    /// `redis+unix:///path/to/socket`; or a topology: `redis+cluster://host:port,host:port/`
+    /// (feature `cluster`, same as [`cluster`](Self::cluster)) and
+    /// `redis+sentinel://host:port,host:port/service` (feature `sentinel`, same as
+    /// [`sentinel`](Self::sentinel)). Credentials in a topology URL apply to every node.
     pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.url = Some(url.into());
+        self.topology = Some(parse_url(url.into()));
+        self
+    }
+
+    /// A Redis Cluster (feature `cluster`), found through these seed URLs (any few nodes;
+    /// each may carry credentials and use `rediss://`). Every lock lives on its key's slot;
+    /// renewals are batched per slot.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::builder()
+    ///     .cluster(["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"])
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locker; Ok(()) }
+    /// ```
+    pub fn cluster<S: Into<String>>(mut self, seeds: impl IntoIterator<Item = S>) -> Self {
+        self.topology = Some(Topology::Cluster(
+            seeds.into_iter().map(Into::into).collect(),
+        ));
+        self
+    }
+
+    /// The master of `service` as these Sentinels name it (feature `sentinel`). The master is
+    /// resolved again whenever a connection fails or finds a demoted master, so locks follow a
+    /// failover. The sentinel URLs' credentials and TLS mode are used for the master too.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::builder()
+    ///     .sentinel(["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/"], "locks")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locker; Ok(()) }
+    /// ```
+    pub fn sentinel<S: Into<String>>(
+        mut self,
+        sentinels: impl IntoIterator<Item = S>,
+        service: impl Into<String>,
+    ) -> Self {
+        self.topology = Some(Topology::Sentinel {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            service: service.into(),
+        });
+        self
+    }
+
+    /// A standalone server through a client you built (its own TLS or connection settings).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let locker = lockrt::Locker::builder().client(client).build().await?;
+    /// # let _ = locker; Ok(()) }
+    /// ```
+    pub fn client(mut self, client: redis::Client) -> Self {
+        self.topology = Some(Topology::Client(client));
+        self
+    }
+
+    /// Trust this CA (PEM) for `rediss://` servers instead of the system's roots (feature
+    /// `tls`).
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Present this client certificate and key (PEM) to servers that require one (feature
+    /// `tls`, `tls-auth-clients yes`).
+    pub fn tls_client_cert_pem(
+        mut self,
+        cert: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Count an acquire (and each renewal) only when at least `replicas` replicas
+    /// acknowledged it within `timeout` (`WAIT` right after the script, on the same
+    /// connection). An acquire that was not acknowledged is released and fails with a
+    /// retryable error; a renewal that was not acknowledged does not move the lease's
+    /// deadline. Standalone and Sentinel topologies.
+    ///
+    /// What it buys: a lock (and its fence) that a failover to an acknowledging replica keeps,
+    /// and no lock granted by an isolated old master that no replica follows. What it does
+    /// not: replication stays asynchronous (a replica that acknowledged may still not be the
+    /// one promoted, and Sentinel may promote a lagging one), and it costs a round trip to the
+    /// replicas per acquire and renewal. Use fences where a double writer would corrupt data.
+    pub fn sync_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.sync = Some(SyncReplicas {
+            replicas,
+            timeout: timeout.min(MAX_TTL),
+        });
         self
     }
 
@@ -186,16 +287,83 @@ impl LockerBuilder {
     /// refuses servers older than Redis 5.0.
     pub async fn build(self) -> Result<Locker, LockError> {
         let settings = self.settings()?;
-        let url = self.url.clone().ok_or_else(|| {
+        let topology = self.topology.clone().ok_or_else(|| {
             LockError::Config(
-                "no Redis URL: call `.url(\"redis://host:6379/\")` on the builder".into(),
+                "no Redis URL: call `.url(\"redis://host:6379/\")` (or `.cluster(..)`, \
+                 `.sentinel(..)`) on the builder"
+                    .into(),
             )
         })?;
-        let retention = self
-            .fence_retention
-            .clamp(Duration::from_millis(1), MAX_TTL);
-        let backend = RedisBackend::connect(&url, self.timeouts(), retention).await?;
+        let backend = RedisBackend::connect(remote::Settings {
+            topology,
+            tls: self.tls.clone(),
+            timeouts: self.timeouts(),
+            fence_retention: self
+                .fence_retention
+                .clamp(Duration::from_millis(1), MAX_TTL),
+            sync: self.sync,
+        })
+        .await?;
         Ok(Locker::from_parts(settings, Backend::Redis(backend)))
+    }
+}
+
+/// `redis+cluster://a:1,b:2/` and `redis+sentinel://a:1,b:2/service` become topologies;
+/// anything else is a standalone URL for redis-rs.
+fn parse_url(url: String) -> Topology {
+    let split = |rest: &str, scheme: &str| -> (Vec<String>, String) {
+        let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (auth, hosts) = match hosts.rsplit_once('@') {
+            Some((auth, hosts)) => (format!("{auth}@"), hosts),
+            None => (String::new(), hosts),
+        };
+        let urls = hosts
+            .split(',')
+            .map(|h| format!("{scheme}://{auth}{h}/"))
+            .collect();
+        (urls, path.to_owned())
+    };
+    for (prefix, scheme) in [
+        ("redis+cluster://", "redis"),
+        ("rediss+cluster://", "rediss"),
+    ] {
+        if let Some(rest) = url.strip_prefix(prefix) {
+            return Topology::Cluster(split(rest, scheme).0);
+        }
+    }
+    for (prefix, scheme) in [
+        ("redis+sentinel://", "redis"),
+        ("rediss+sentinel://", "rediss"),
+    ] {
+        if let Some(rest) = url.strip_prefix(prefix) {
+            let (sentinels, service) = split(rest, scheme);
+            return Topology::Sentinel { sentinels, service };
+        }
+    }
+    Topology::Url(url)
+}
+
+/// The topology for `Debug`: addresses only.
+fn shown(t: &Topology) -> String {
+    match t {
+        Topology::Url(u) => crate::redact::url(u),
+        Topology::Client(_) => "a caller-built client".to_owned(),
+        Topology::Cluster(seeds) => format!(
+            "cluster {}",
+            seeds
+                .iter()
+                .map(|s| crate::redact::url(s))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        Topology::Sentinel { sentinels, service } => format!(
+            "sentinel {service:?} via {}",
+            sentinels
+                .iter()
+                .map(|s| crate::redact::url(s))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
     }
 }
 

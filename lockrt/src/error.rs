@@ -123,6 +123,7 @@ impl LockError {
 pub struct BackendError {
     addr: String,
     message: String,
+    hint: Option<String>,
     transient: bool,
 }
 
@@ -132,8 +133,15 @@ impl BackendError {
         BackendError {
             addr: addr.into(),
             message: message.into(),
+            hint: None,
             transient: true,
         }
+    }
+
+    /// What to do about it (the default says to check that Redis runs and is reachable).
+    pub(crate) fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
     }
 
     pub(crate) fn permanent(mut self) -> Self {
@@ -159,9 +167,13 @@ impl BackendError {
 
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hint = self
+            .hint
+            .as_deref()
+            .unwrap_or("check that Redis is running and reachable");
         write!(
             f,
-            "lock server at {} failed: {}; check that Redis is running and reachable",
+            "lock server at {} failed: {}; {hint}",
             self.addr, self.message
         )
     }
@@ -172,6 +184,7 @@ impl fmt::Debug for BackendError {
         f.debug_struct("BackendError")
             .field("addr", &self.addr)
             .field("message", &self.message)
+            .field("hint", &self.hint)
             .field("transient", &self.transient)
             .finish()
     }

@@ -3,9 +3,11 @@
 //! owner-token semantics, so the waiting, lease and guard logic above never knows which it has.
 //! Nothing here waits for a lock or keeps time: that is `wait.rs` and `lease.rs`.
 
+mod diagnose;
 pub(crate) mod memory;
 pub(crate) mod pubsub;
-pub(crate) mod standalone;
+pub(crate) mod remote;
+pub(crate) mod topology;
 
 use std::time::Duration;
 
@@ -110,7 +112,7 @@ pub(crate) struct Renewal<'a> {
 // indirection on every command. (TLS support makes the Redis variant larger.)
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
-    Redis(standalone::RedisBackend),
+    Redis(remote::RedisBackend),
     Memory(memory::MemoryBackend),
 }
 

@@ -13,11 +13,11 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::Client;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::topology::Connector;
 use crate::error::BackendError;
 use crate::key::{channel_of, tag_of_channel};
 
@@ -46,7 +46,7 @@ enum SubCmd {
 
 /// How the task reaches Redis.
 struct Remote {
-    client: Client,
+    connector: Arc<Connector>,
     addr: String,
     timeout: Duration,
     /// The password, to scrub from messages.
@@ -67,7 +67,7 @@ struct Inner {
 
 impl Subscriber {
     pub(crate) fn new(
-        client: Client,
+        connector: Arc<Connector>,
         addr: String,
         timeout: Duration,
         secret: Option<String>,
@@ -75,7 +75,7 @@ impl Subscriber {
         Subscriber {
             inner: Arc::new(Inner {
                 remote: Arc::new(Remote {
-                    client,
+                    connector,
                     addr,
                     timeout,
                     secret,
@@ -163,6 +163,8 @@ struct Task {
     subscribed: HashSet<Arc<str>>,
     lingering: HashMap<Arc<str>, Instant>,
     reconnect_at: Option<Instant>,
+    /// Connections made so far: a cluster subscriber moves to the next node each time.
+    round: usize,
 }
 
 impl Task {
@@ -174,6 +176,7 @@ impl Task {
             subscribed: HashSet::new(),
             lingering: HashMap::new(),
             reconnect_at: None,
+            round: 0,
         }
     }
 
@@ -332,7 +335,17 @@ impl Task {
 
     async fn connect(&mut self) -> Result<(), String> {
         self.subscribed.clear();
-        let ps = tokio::time::timeout(self.remote.timeout, self.remote.client.get_async_pubsub())
+        let round = self.round;
+        self.round = self.round.wrapping_add(1);
+        let connector = self.remote.connector.clone();
+        let connect = async move {
+            connector
+                .pubsub_client(round)
+                .await?
+                .get_async_pubsub()
+                .await
+        };
+        let ps = tokio::time::timeout(self.remote.timeout, connect)
             .await
             .map_err(|_| {
                 format!(

@@ -1,0 +1,624 @@
+//! Redis, whatever the topology ([`Connector`]): the three lock scripts over one pipelined
+//! connection (requests from all tasks share it), which this module replaces whenever it can no
+//! longer be trusted.
+//!
+//! A pipelined connection pairs replies with requests by order only, so one reply that never
+//! comes (dropped by a middlebox while the TCP connection stays up, or a response timeout)
+//! shifts every later reply onto the wrong request. Two rules keep that from ever handing a
+//! lock to the wrong caller: every script echoes a request id first in its reply, and a reply
+//! with another id, a response timeout or an I/O error discards the connection (the next
+//! request opens a new one, bounded by the connect timeout; for Sentinel that resolves the
+//! master again, for a Cluster it rebuilds the slot map). redis-rs's `ConnectionManager`
+//! reconnects on I/O errors only, not on timeouts, which is why this module keeps its own slot.
+//!
+//! Scripts run by `EVALSHA`, and by `EVAL` on the same connection after `NOSCRIPT`: that loads
+//! the script on the server that needs it (a cluster slot's master) and nowhere else. With
+//! `sync_replicas(n, timeout)`, a `WAIT` follows each acquire and renewal in the same
+//! pipeline, and a write fewer than `n` replicas acknowledged does not count.
+//!
+//! Owns credential hygiene: every error leaving this module is scrubbed of the password.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{AsyncConnectionConfig, Cmd, RedisError, RetryMethod, Script, Value};
+
+use super::diagnose::diagnose;
+use super::pubsub::Subscriber;
+use super::topology::{Conn, Connector, TlsFiles, Topology, slot_of};
+use super::{Attempt, Queueing, Released, Renewal, Token, millis};
+use crate::error::BackendError;
+use crate::key::LockKey;
+
+/// Functions the scripts share (`owns`, `take_lock`, the request id), prepended to each.
+const PRELUDE: &str = include_str!("../scripts/lock.lua");
+
+/// A script's text and SHA1.
+struct Lua {
+    code: String,
+    hash: String,
+}
+
+fn lua(body: &str) -> Lua {
+    let code = [PRELUDE, body].concat();
+    let hash = Script::new(&code).get_hash().to_owned();
+    Lua { code, hash }
+}
+
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/acquire.lua")));
+static RENEW: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/renew.lua")));
+static RELEASE: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/release.lua")));
+
+/// One script call: its keys, and its arguments after the request id.
+struct Call<K, A> {
+    nkeys: usize,
+    keys: K,
+    args: A,
+}
+
+/// `EVALSHA hash …` or `EVAL code …` for `call`, with the request id as the first argument.
+fn script_cmd<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
+    verb: &str,
+    script: &str,
+    rid: u64,
+    call: &Call<K, A>,
+) -> Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script).arg(call.nkeys);
+    (call.keys)(&mut cmd);
+    cmd.arg(rid);
+    (call.args)(&mut cmd);
+    cmd
+}
+
+/// Request ids: unique per process, which is all that can share a connection.
+static NEXT_RID: AtomicU64 = AtomicU64::new(1);
+
+/// The oldest server the scripts run on (`TIME` after writes needs effect replication).
+const MIN_VERSION: (u32, u32) = (5, 0);
+
+/// Timeouts for talking to Redis.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub(crate) connect: Duration,
+    pub(crate) response: Duration,
+}
+
+/// Replica acknowledgement required of every acquire and renewal (`WAIT n timeout`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SyncReplicas {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// How to reach Redis, as the builder configured it.
+pub(crate) struct Settings {
+    pub(crate) topology: Topology,
+    pub(crate) tls: TlsFiles,
+    pub(crate) timeouts: Timeouts,
+    pub(crate) fence_retention: Duration,
+    pub(crate) sync: Option<SyncReplicas>,
+}
+
+/// The command connection in use and its generation, so that a request that found it broken
+/// discards only the one it used, not a fresh one another request already opened.
+type Slot = Option<(Conn, u64)>;
+
+pub(crate) struct RedisBackend {
+    connector: Arc<Connector>,
+    addr: String,
+    secret: Option<String>,
+    timeouts: Timeouts,
+    fence_retention: Duration,
+    sync: Option<SyncReplicas>,
+    slot: Mutex<Slot>,
+    /// Held while opening a connection: one connect at a time, the others wait for it.
+    connecting: tokio::sync::Mutex<()>,
+    generation: AtomicU64,
+    subscriber: Subscriber,
+}
+
+impl RedisBackend {
+    /// Opens the command connection and checks the server, failing fast (within the connect
+    /// and response timeouts) with the server's address when it is unreachable.
+    pub(crate) async fn connect(settings: Settings) -> Result<RedisBackend, BackendError> {
+        let Settings {
+            topology,
+            tls,
+            timeouts,
+            fence_retention,
+            sync,
+        } = settings;
+        let shown = topology_for_messages(&topology);
+        let connector = Connector::new(topology.clone(), &tls, timeouts).map_err(|e| {
+            let msg = scrub_topology(&e.to_string(), &topology);
+            BackendError::new(
+                shown.clone(),
+                format!("invalid Redis URL or setting: {msg}"),
+            )
+            .with_hint("check the URLs and the builder's settings")
+            .permanent()
+        })?;
+        if sync.is_some() && connector.is_cluster() {
+            return Err(BackendError::new(
+                shown,
+                "sync_replicas is not supported with a cluster topology",
+            )
+            .with_hint("use a standalone or Sentinel topology, or drop sync_replicas")
+            .permanent());
+        }
+        let connector = Arc::new(connector);
+        let addr = connector.describe();
+        let secret = connector.secret();
+        let subscriber = Subscriber::new(
+            connector.clone(),
+            addr.clone(),
+            timeouts.connect.saturating_add(timeouts.response),
+            secret.clone(),
+        );
+        let backend = RedisBackend {
+            connector,
+            addr,
+            secret,
+            timeouts,
+            fence_retention,
+            sync,
+            slot: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            generation: AtomicU64::new(0),
+            subscriber,
+        };
+        let (mut conn, _) = backend.conn().await?;
+        backend.check_version(&mut conn).await?;
+        Ok(backend)
+    }
+
+    pub(crate) fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub(crate) fn subscriber(&self) -> Subscriber {
+        self.subscriber.clone()
+    }
+
+    /// The connection in use, opening one when there is none.
+    async fn conn(&self) -> Result<(Conn, u64), BackendError> {
+        if let Some(c) = self.slot().clone() {
+            return Ok(c);
+        }
+        // Boxed: connecting is rare, and its future is large; inline it would grow every
+        // request's future (and every future awaiting a lock) by its size.
+        Box::pin(self.reconnect()).await
+    }
+
+    async fn reconnect(&self) -> Result<(Conn, u64), BackendError> {
+        let _one = self.connecting.lock().await;
+        if let Some(c) = self.slot().clone() {
+            return Ok(c);
+        }
+        let cfg = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.response));
+        let conn = tokio::time::timeout(
+            self.timeouts.connect.saturating_add(self.timeouts.response),
+            self.connector.connect(&cfg),
+        )
+        .await
+        .map_err(|_| {
+            BackendError::new(
+                self.addr.clone(),
+                format!("no connection within {:?}", self.timeouts.connect),
+            )
+            .with_hint("check that Redis is running, reachable and not overloaded")
+        })?
+        .map_err(|e| self.error(&e))?;
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.slot() = Some((conn.clone(), generation));
+        Ok((conn, generation))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        // Only ever a clone or a replacement under the lock: a panic can't leave it torn.
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops using connection `generation`: the next request opens a new one.
+    fn discard(&self, generation: u64) {
+        let mut slot = self.slot();
+        if slot.as_ref().is_some_and(|(_, g)| *g == generation) {
+            *slot = None;
+        }
+    }
+
+    /// Refuses servers older than the scripts need, with a command an ACL-restricted user
+    /// may run (`HELLO`; servers before 6.0 have no ACLs and answer `INFO`).
+    async fn check_version(&self, conn: &mut Conn) -> Result<(), BackendError> {
+        let hello: Result<Value, RedisError> = redis::cmd("HELLO").arg(2).query_async(conn).await;
+        let version = match hello {
+            Ok(v) => version_in_hello(&v),
+            Err(e)
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+            {
+                let info: String = redis::cmd("INFO")
+                    .arg("server")
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| self.error(&e))?;
+                version_in_info(&info)
+            }
+            Err(e) => return Err(self.error(&e)),
+        };
+        match version {
+            Some(v) if v < MIN_VERSION => Err(BackendError::new(
+                self.addr.clone(),
+                format!(
+                    "Redis {}.{} is too old: lockrt's scripts need Redis {}.{} or newer",
+                    v.0, v.1, MIN_VERSION.0, MIN_VERSION.1
+                ),
+            )
+            .permanent()),
+            _ => Ok(()),
+        }
+    }
+
+    /// A scrubbed error naming cause and fix, transient or not as redis-rs's own
+    /// `retry_method` says.
+    fn error(&self, e: &RedisError) -> BackendError {
+        diagnose(&self.addr, e, |m| self.scrub(m))
+    }
+
+    fn scrub(&self, msg: &str) -> String {
+        match self.secret.as_deref() {
+            Some(s) if !s.is_empty() => msg.replace(s, "***"),
+            _ => msg.to_owned(),
+        }
+    }
+
+    /// Runs `script` with the keys and arguments `fill` appends (after the request id
+    /// `rid`), and returns its reply without the id. `wait`: follow it with `WAIT` and require
+    /// the configured replica acknowledgements. A reply with another id (a shifted pipeline),
+    /// a timeout or a broken connection discards the connection and is a transient error: the
+    /// request may or may not have run.
+    async fn invoke<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
+        &self,
+        script: &Lua,
+        wait: bool,
+        call: Call<K, A>,
+    ) -> Result<Vec<Value>, BackendError> {
+        let rid = NEXT_RID.fetch_add(1, Ordering::Relaxed);
+        let (mut conn, generation) = self.conn().await?;
+        let sync = self.sync.filter(|_| wait && conn.is_single());
+        let cmd = script_cmd("EVALSHA", &script.hash, rid, &call);
+        let mut res = self.send(&mut conn, sync, cmd).await;
+        if res.as_ref().is_err_and(is_noscript) {
+            // Loads it where it is needed, on the same connection and node.
+            let cmd = script_cmd("EVAL", &script.code, rid, &call);
+            res = self.send(&mut conn, sync, cmd).await;
+        }
+        let mut reply = match res {
+            Ok(r) => r,
+            Err(e) => {
+                if needs_new_connection(&e) {
+                    self.discard(generation);
+                }
+                return Err(self.error(&e));
+            }
+        };
+        let acks = if sync.is_some() { reply.pop() } else { None };
+        let Value::Array(mut reply) = reply.pop().unwrap_or(Value::Nil) else {
+            self.discard(generation);
+            return Err(self.mismatch());
+        };
+        if reply.is_empty() || !is_rid(&reply[0], rid) {
+            self.discard(generation);
+            return Err(self.mismatch());
+        }
+        reply.remove(0);
+        if let (Some(sync), Some(acks)) = (sync, acks) {
+            self.check_acks(sync, &acks)?;
+        }
+        Ok(reply)
+    }
+
+    /// The script call alone, or followed by `WAIT` in one pipeline (so `WAIT` counts the
+    /// script's own writes on the same server).
+    async fn send(
+        &self,
+        conn: &mut Conn,
+        sync: Option<SyncReplicas>,
+        cmd: Cmd,
+    ) -> Result<Vec<Value>, RedisError> {
+        // Server errors come back as values here; make them errors, as `query_async` does.
+        match sync {
+            None => Ok(vec![conn.req_packed_command(&cmd).await?.extract_error()?]),
+            Some(s) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd)
+                    .cmd("WAIT")
+                    .arg(s.replicas)
+                    .arg(millis(s.timeout));
+                let replies = conn.req_packed_commands(&pipe, 0, 2).await?;
+                replies.into_iter().map(Value::extract_error).collect()
+            }
+        }
+    }
+
+    fn check_acks(&self, sync: SyncReplicas, acks: &Value) -> Result<(), BackendError> {
+        let acked = match acks {
+            Value::Int(n) => *n,
+            _ => 0,
+        };
+        if acked >= i64::from(sync.replicas) {
+            return Ok(());
+        }
+        Err(BackendError::new(
+            self.addr.clone(),
+            format!(
+                "only {acked} of the {} required replicas acknowledged the write within {:?}",
+                sync.replicas, sync.timeout
+            ),
+        )
+        .with_hint(
+            "the lock does not count and was released; retry later (a failover may be under \
+             way, or a replica is down or lagging)",
+        ))
+    }
+
+    fn mismatch(&self) -> BackendError {
+        BackendError::new(
+            self.addr.clone(),
+            "a reply belonging to another request arrived (a reply was lost on the \
+             connection); reconnecting",
+        )
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+        queue: Option<Queueing>,
+    ) -> Result<Attempt, BackendError> {
+        let (register, grant) =
+            queue.map_or((0, 0), |q| (millis(q.register), millis(q.grant_lease)));
+        let retention = millis(self.fence_retention);
+        let call = Call {
+            nkeys: 4,
+            keys: |c: &mut Cmd| {
+                c.arg(key.lock())
+                    .arg(key.fence())
+                    .arg(key.queue())
+                    .arg(key.waiters());
+            },
+            args: |c: &mut Cmd| {
+                c.arg(token.as_str())
+                    .arg(millis(ttl))
+                    .arg(retention)
+                    .arg(register)
+                    .arg(grant);
+            },
+        };
+        let reply = match self.invoke(&ACQUIRE, true, call).await {
+            Err(e) if e.message().contains("replicas acknowledged") => {
+                // Not acknowledged: the lock must not count, so it must not stay either.
+                let _ = self.release(key, token).await;
+                return Err(e);
+            }
+            res => ints(&res?),
+        };
+        let n = reply.get(1).copied().unwrap_or(0);
+        Ok(if reply.first() == Some(&1) {
+            Attempt::Acquired {
+                fence: u64::try_from(n).unwrap_or(0),
+            }
+        } else {
+            // -1: a key without expiry (not ours); -3: free but promised to an earlier waiter.
+            Attempt::Held {
+                pttl: u64::try_from(n).ok().map(Duration::from_millis),
+                counter: reply.get(2).and_then(|&c| u64::try_from(c).ok()),
+            }
+        })
+    }
+
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {
+        if !self.connector.is_cluster() {
+            return self.renew_one_call(batch).await;
+        }
+        // A script may only touch keys of one slot: one call per slot, all at once.
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, r) in batch.iter().enumerate() {
+            by_slot
+                .entry(slot_of(r.lock.as_bytes()))
+                .or_default()
+                .push(i);
+        }
+        let calls = by_slot.values().map(|idx| {
+            let part: Vec<Renewal<'_>> = idx.iter().map(|&i| batch[i]).collect();
+            async move { self.renew_one_call(&part).await }
+        });
+        let results = futures_util::future::join_all(calls).await;
+        let mut out = vec![false; batch.len()];
+        for (idx, res) in by_slot.values().zip(results) {
+            for (&i, ok) in idx.iter().zip(res?) {
+                out[i] = ok;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn renew_one_call(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {
+        let call = Call {
+            nkeys: batch.len(),
+            keys: |c: &mut Cmd| {
+                for r in batch {
+                    c.arg(r.lock);
+                }
+            },
+            args: |c: &mut Cmd| {
+                for r in batch {
+                    c.arg(r.token.as_str());
+                }
+                for r in batch {
+                    c.arg(millis(r.lease));
+                }
+            },
+        };
+        let out = ints(&self.invoke(&RENEW, true, call).await?);
+        if out.len() != batch.len() {
+            return Err(BackendError::new(
+                self.addr.clone(),
+                "renewal reply has the wrong length",
+            ));
+        }
+        Ok(out.into_iter().map(|v| v == 1).collect())
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &LockKey,
+        token: &Token,
+    ) -> Result<Released, BackendError> {
+        let retention = millis(self.fence_retention);
+        let call = Call {
+            nkeys: 4,
+            keys: |c: &mut Cmd| {
+                c.arg(key.lock())
+                    .arg(key.fence())
+                    .arg(key.queue())
+                    .arg(key.waiters());
+            },
+            args: |c: &mut Cmd| {
+                c.arg(token.as_str()).arg(key.channel()).arg(retention);
+            },
+        };
+        let reply = ints(&self.invoke(&RELEASE, false, call).await?);
+        Ok(match reply.first() {
+            Some(0) => Released::NotOwner,
+            Some(2) => Released::HandedOver,
+            _ => Released::Freed,
+        })
+    }
+}
+
+/// Errors after which the connection can't be trusted to pair replies with requests.
+fn needs_new_connection(e: &RedisError) -> bool {
+    e.is_timeout()
+        || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+        || matches!(e.retry_method(), RetryMethod::Reconnect)
+}
+
+fn is_rid(v: &Value, rid: u64) -> bool {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok() == Some(rid.to_string().as_str()),
+        _ => false,
+    }
+}
+
+/// The integers of a script reply (anything else reads as 0, which every caller treats as
+/// the cautious answer: not acquired, not renewed, not released).
+fn ints(v: &[Value]) -> Vec<i64> {
+    v.iter()
+        .map(|x| match x {
+            Value::Int(i) => *i,
+            _ => 0,
+        })
+        .collect()
+}
+
+/// `(major, minor)` from a `HELLO` reply (a map in RESP3, a flat list in RESP2).
+fn version_in_hello(v: &Value) -> Option<(u32, u32)> {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let pairs: Vec<(Option<String>, Option<String>)> = match v {
+        Value::Map(m) => m.iter().map(|(k, v)| (text(k), text(v))).collect(),
+        Value::Array(a) => a
+            .chunks(2)
+            .map(|c| (text(&c[0]), c.get(1).and_then(text)))
+            .collect(),
+        _ => return None,
+    };
+    let version = pairs
+        .into_iter()
+        .find(|(k, _)| k.as_deref() == Some("version"))?
+        .1?;
+    parse_version(&version)
+}
+
+fn version_in_info(info: &str) -> Option<(u32, u32)> {
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))?;
+    parse_version(line.trim())
+}
+
+fn parse_version(v: &str) -> Option<(u32, u32)> {
+    let mut parts = v.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// The configured servers, without credentials, for errors raised before a connection.
+fn topology_for_messages(t: &Topology) -> String {
+    match t {
+        Topology::Url(u) => crate::redact::url(u),
+        Topology::Client(c) => super::topology::describe_addr(c.get_connection_info().addr()),
+        Topology::Cluster(seeds) => {
+            let shown: Vec<String> = seeds.iter().map(|s| crate::redact::url(s)).collect();
+            format!("cluster {}", shown.join(","))
+        }
+        Topology::Sentinel { sentinels, service } => {
+            let shown: Vec<String> = sentinels.iter().map(|s| crate::redact::url(s)).collect();
+            format!("sentinel service {service:?} via {}", shown.join(","))
+        }
+    }
+}
+
+/// `msg` without any credential of the configured URLs.
+fn scrub_topology(msg: &str, t: &Topology) -> String {
+    let urls: Vec<&String> = match t {
+        Topology::Url(u) => vec![u],
+        Topology::Client(_) => vec![],
+        Topology::Cluster(seeds) => seeds.iter().collect(),
+        Topology::Sentinel { sentinels, .. } => sentinels.iter().collect(),
+    };
+    urls.into_iter()
+        .fold(msg.to_owned(), |m, u| crate::redact::scrub_all(&m, u))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_read_from_hello_and_info() {
+        let hello = Value::Array(vec![
+            Value::BulkString(b"server".to_vec()),
+            Value::BulkString(b"redis".to_vec()),
+            Value::BulkString(b"version".to_vec()),
+            Value::BulkString(b"7.0.15".to_vec()),
+        ]);
+        assert_eq!(version_in_hello(&hello), Some((7, 0)));
+        assert_eq!(
+            version_in_info("# Server\r\nredis_version:4.0.9\r\n"),
+            Some((4, 0))
+        );
+        assert!((4, 0) < MIN_VERSION && (5, 0) >= MIN_VERSION);
+    }
+
+    #[test]
+    fn request_ids_must_match() {
+        assert!(is_rid(&Value::BulkString(b"42".to_vec()), 42));
+        assert!(!is_rid(&Value::BulkString(b"41".to_vec()), 42));
+        assert!(!is_rid(&Value::Nil, 42));
+    }
+}

@@ -1,0 +1,406 @@
+//! How to reach the lock server(s): one standalone server, a Redis Cluster, or the master a
+//! group of Sentinels names. Everything above this module sees one [`Conn`] that runs commands
+//! and one [`Client`] to subscribe on; only this module knows the topology.
+//!
+//! - Standalone: a `Client` from a URL (or one the caller built).
+//! - Cluster (feature `cluster`): redis-rs's cluster connection, which routes every lock
+//!   script to its key's slot (all names of one lock share a slot). Release messages use
+//!   classic `PUBLISH`, which a cluster forwards to every node, so the subscriber listens on
+//!   any one node and moves to the next when that node fails.
+//! - Sentinel (feature `sentinel`): the master is resolved from the Sentinels on every new
+//!   connection; a connection that hits `READONLY` (a demoted master) or fails is replaced,
+//!   which resolves the master again.
+//!
+//! TLS (feature `tls`) uses rustls with a crypto provider this crate installs, and accepts a
+//! private CA and a client certificate for every topology.
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisFuture, Value};
+
+/// Where the servers are, as configured on the builder.
+#[derive(Clone)]
+pub(crate) enum Topology {
+    /// A standalone server's URL.
+    Url(String),
+    /// A client the caller built.
+    Client(Client),
+    /// Seed URLs of a Redis Cluster.
+    Cluster(Vec<String>),
+    /// Sentinel URLs and the monitored service's name.
+    Sentinel {
+        sentinels: Vec<String>,
+        service: String,
+    },
+}
+
+/// TLS material in PEM: a private CA to trust instead of the system's roots, and a client
+/// certificate with its key for servers that require one.
+#[derive(Clone, Default)]
+pub(crate) struct TlsFiles {
+    pub(crate) ca: Option<Vec<u8>>,
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl TlsFiles {
+    fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.client.is_none()
+    }
+}
+
+/// A connection that runs commands, whichever the topology.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn {
+    /// Whether `WAIT` on this connection reaches the master that ran the previous command.
+    pub(crate) fn is_single(&self) -> bool {
+        matches!(self, Conn::Single(_))
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Opens connections to the configured topology.
+pub(crate) enum Connector {
+    Single(Client),
+    #[cfg(feature = "cluster")]
+    Cluster {
+        client: redis::cluster::ClusterClient,
+        /// One client per seed, to subscribe on (any node hears every release message).
+        nodes: Vec<Client>,
+    },
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        sentinel: tokio::sync::Mutex<redis::sentinel::Sentinel>,
+        service: String,
+        node: redis::sentinel::SentinelNodeConnectionInfo,
+        first: Client,
+    },
+}
+
+impl Connector {
+    /// Parses the topology; nothing is contacted yet.
+    pub(crate) fn new(
+        topology: Topology,
+        tls: &TlsFiles,
+        timeouts: super::remote::Timeouts,
+    ) -> redis::RedisResult<Connector> {
+        #[cfg(not(feature = "cluster"))]
+        let _ = timeouts;
+        match topology {
+            Topology::Url(url) => Ok(Connector::Single(client(&url, tls)?)),
+            Topology::Client(c) => Ok(Connector::Single(c)),
+            #[cfg(feature = "cluster")]
+            Topology::Cluster(seeds) => cluster(&seeds, tls, timeouts),
+            #[cfg(feature = "sentinel")]
+            Topology::Sentinel { sentinels, service } => sentinel(&sentinels, service, tls),
+            #[allow(unreachable_patterns)]
+            _ => Err(feature_missing()),
+        }
+    }
+
+    /// A new connection to where lock scripts must run.
+    pub(crate) async fn connect(&self, cfg: &AsyncConnectionConfig) -> redis::RedisResult<Conn> {
+        match self {
+            Connector::Single(c) => c
+                .get_multiplexed_async_connection_with_config(cfg)
+                .await
+                .map(Conn::Single),
+            #[cfg(feature = "cluster")]
+            Connector::Cluster { client, .. } => {
+                client.get_async_connection().await.map(Conn::Cluster)
+            }
+            #[cfg(feature = "sentinel")]
+            Connector::Sentinel { .. } => self
+                .master()
+                .await?
+                .get_multiplexed_async_connection_with_config(cfg)
+                .await
+                .map(Conn::Single),
+        }
+    }
+
+    /// The server to subscribe on for release messages; `round` counts reconnections, so a
+    /// cluster subscriber moves on to the next node after a failure.
+    pub(crate) async fn pubsub_client(&self, round: usize) -> redis::RedisResult<Client> {
+        #[cfg(not(feature = "cluster"))]
+        let _ = round;
+        match self {
+            Connector::Single(c) => Ok(c.clone()),
+            #[cfg(feature = "cluster")]
+            Connector::Cluster { nodes, .. } => Ok(nodes[round % nodes.len()].clone()),
+            #[cfg(feature = "sentinel")]
+            Connector::Sentinel { .. } => self.master().await,
+        }
+    }
+
+    #[cfg(feature = "sentinel")]
+    async fn master(&self) -> redis::RedisResult<Client> {
+        let Connector::Sentinel {
+            sentinel,
+            service,
+            node,
+            ..
+        } = self
+        else {
+            unreachable!("only called on a sentinel connector")
+        };
+        sentinel
+            .lock()
+            .await
+            .async_master_for(service, Some(node))
+            .await
+    }
+
+    /// Whether lock scripts may go to different servers (a renewal batch must then stay
+    /// within one slot).
+    pub(crate) fn is_cluster(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if matches!(self, Connector::Cluster { .. }) {
+            return true;
+        }
+        false
+    }
+
+    /// Where the servers are, for messages: no credentials.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Connector::Single(c) => describe_addr(c.get_connection_info().addr()),
+            #[cfg(feature = "cluster")]
+            Connector::Cluster { nodes, .. } => {
+                let seeds: Vec<String> = nodes
+                    .iter()
+                    .map(|c| describe_addr(c.get_connection_info().addr()))
+                    .collect();
+                format!("cluster {}", seeds.join(","))
+            }
+            #[cfg(feature = "sentinel")]
+            Connector::Sentinel { service, first, .. } => format!(
+                "sentinel service {service:?} via {}",
+                describe_addr(first.get_connection_info().addr())
+            ),
+        }
+    }
+
+    /// The password, to scrub from messages.
+    pub(crate) fn secret(&self) -> Option<String> {
+        let c = match self {
+            Connector::Single(c) => c,
+            #[cfg(feature = "cluster")]
+            Connector::Cluster { nodes, .. } => &nodes[0],
+            #[cfg(feature = "sentinel")]
+            Connector::Sentinel { first, .. } => first,
+        };
+        c.get_connection_info()
+            .redis_settings()
+            .password()
+            .map(str::to_owned)
+    }
+}
+
+fn feature_missing() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "this topology needs a cargo feature of lockrt",
+        "enable `cluster` for Redis Cluster or `sentinel` for Sentinel".to_owned(),
+    ))
+}
+
+/// A client for `url`, with the TLS material when there is any.
+fn client(url: &str, tls: &TlsFiles) -> redis::RedisResult<Client> {
+    if tls.is_empty() {
+        #[cfg(feature = "tls")]
+        install_crypto_provider();
+        return Client::open(url);
+    }
+    #[cfg(feature = "tls")]
+    {
+        install_crypto_provider();
+        Client::build_with_tls(url, certificates(tls))
+    }
+    #[cfg(not(feature = "tls"))]
+    Err(redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "TLS settings need lockrt's `tls` feature",
+    )))
+}
+
+#[cfg(feature = "tls")]
+fn certificates(tls: &TlsFiles) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: tls
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: tls.ca.clone(),
+    }
+}
+
+/// rustls needs one process-wide crypto provider; without it, the first `rediss://`
+/// connection panics inside rustls. Installing ours is a no-op when the application already
+/// installed one.
+#[cfg(feature = "tls")]
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(feature = "cluster")]
+fn cluster(
+    seeds: &[String],
+    tls: &TlsFiles,
+    timeouts: super::remote::Timeouts,
+) -> redis::RedisResult<Connector> {
+    let nodes = seeds
+        .iter()
+        .map(|s| client(s, tls))
+        .collect::<redis::RedisResult<Vec<Client>>>()?;
+    if nodes.is_empty() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "a cluster needs at least one seed URL",
+        )));
+    }
+    #[allow(unused_mut)]
+    let mut builder = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
+        .connection_timeout(timeouts.connect)
+        .response_timeout(timeouts.response)
+        .retries(2);
+    #[cfg(feature = "tls")]
+    if !tls.is_empty() {
+        builder = builder.certs(certificates(tls));
+    }
+    Ok(Connector::Cluster {
+        client: builder.build()?,
+        nodes,
+    })
+}
+
+#[cfg(feature = "sentinel")]
+fn sentinel(
+    sentinels: &[String],
+    service: String,
+    tls: &TlsFiles,
+) -> redis::RedisResult<Connector> {
+    use redis::IntoConnectionInfo;
+    let first = client(
+        sentinels.first().ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "sentinel needs at least one sentinel URL",
+            ))
+        })?,
+        tls,
+    )?;
+    let info = sentinels[0].as_str().into_connection_info()?;
+    // The masters use the credentials and TLS mode of the sentinel URLs.
+    let mut node = redis::sentinel::SentinelNodeConnectionInfo::default()
+        .set_redis_connection_info(info.redis_settings().clone());
+    if let ConnectionAddr::TcpTls { insecure, .. } = info.addr() {
+        node = node.set_tls_mode(if *insecure {
+            redis::TlsMode::Insecure
+        } else {
+            redis::TlsMode::Secure
+        });
+    }
+    let _ = tls;
+    Ok(Connector::Sentinel {
+        sentinel: tokio::sync::Mutex::new(redis::sentinel::Sentinel::build(sentinels.to_vec())?),
+        service,
+        node,
+        first,
+    })
+}
+
+/// `host:port` or the socket path: enough to find the server, nothing secret.
+pub(crate) fn describe_addr(addr: &ConnectionAddr) -> String {
+    match addr {
+        ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
+        ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port} (TLS)"),
+        ConnectionAddr::Unix(path) => format!("unix:{}", path.display()),
+        other => other.to_string(),
+    }
+}
+
+/// The cluster slot of a key (CRC16/XMODEM of the key, or of its `{hash tag}`, mod 16384).
+pub(crate) fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16_xmodem(tagged) % 16384
+}
+
+fn crc16_xmodem(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_redis_cluster_hashing() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(slot_of(b"123456789"), 12739);
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        assert_eq!(
+            slot_of(b"{}x"),
+            slot_of(b"{}x"),
+            "an empty tag hashes the whole key"
+        );
+        assert_eq!(slot_of(b"lock:a"), slot_of(b"{lock:a}:fence"));
+    }
+}
