@@ -18,12 +18,14 @@ fn main() -> ExitCode {
         "demo" => demo(rest),
         "test" => test(rest),
         "chaos" => chaos(rest),
+        "setup" => ensure_redis_server(),
         _ => {
             eprintln!(
                 "usage:\n  cargo xtask demo [ARGS]    run examples/seckill.rs (ARGS go to the demo)\n  \
                  cargo xtask test [ARGS]    run every test (ARGS go to cargo test)\n  \
                  cargo xtask chaos [ARGS]   run the slow chaos and fault tests, one at a time \
-                 (ARGS go to the test harness, e.g. a narrower name filter)"
+                 (ARGS go to the test harness, e.g. a narrower name filter)\n  \
+                 cargo xtask setup          install redis-server if missing (what CI runs first)"
             );
             return if cmd == "help" {
                 ExitCode::SUCCESS
