@@ -196,31 +196,7 @@ impl FaultProxy {
         let shutdown = CancellationToken::new();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<SocketAddr>>();
         let (done_tx, done) = std::sync::mpsc::channel::<()>();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let (task_shared, task_shutdown) = (shared.clone(), shutdown.clone());
-        std::thread::Builder::new()
-            .name("lockrt-fault-proxy".into())
-            .spawn(move || {
-                rt.block_on(async move {
-                    let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await {
-                        Ok(l) => l,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    let _ = ready_tx.send(listener.local_addr());
-                    tokio::select! {
-                        () = task_shutdown.cancelled() => {}
-                        () = accept_loop(listener, task_shared) => {}
-                    }
-                });
-                // Dropping the runtime drops every connection task and closes its sockets.
-                drop(rt);
-                let _ = done_tx.send(());
-            })?;
+        serve_on_own_thread(shared.clone(), shutdown.clone(), ready_tx, done_tx)?;
         let addr = ready_rx
             .recv_timeout(SHUTDOWN)
             .map_err(|_| io::Error::other("fault proxy thread did not start"))??;
@@ -411,6 +387,41 @@ impl Drop for FaultProxy {
     }
 }
 
+/// Runs the proxy's accept loop on a thread and runtime of its own (so it keeps forwarding
+/// when the test's runtime is blocked or paused), reporting the bound address on `ready` and
+/// its end on `done`.
+fn serve_on_own_thread(
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    ready: std::sync::mpsc::Sender<io::Result<SocketAddr>>,
+    done: std::sync::mpsc::Sender<()>,
+) -> io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("lockrt-fault-proxy".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready.send(listener.local_addr());
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = accept_loop(listener, shared) => {}
+                }
+            });
+            // Dropping the runtime drops every connection task and closes its sockets.
+            drop(rt);
+            let _ = done.send(());
+        })?;
+    Ok(())
+}
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let mut next_id = 0u64;
     loop {

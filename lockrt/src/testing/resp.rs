@@ -99,45 +99,15 @@ fn frame_len(buf: &[u8], side: Side) -> Result<Option<usize>, RespError> {
         pos = eol + 2;
         match ty {
             b'+' | b'-' | b':' | b'_' | b'#' | b',' | b'(' => {}
-            b'$' | b'!' | b'=' => {
-                let n = int(line)?;
-                if n == -1 && ty == b'$' {
-                    continue; // null bulk string
-                }
-                let n = usize::try_from(n)
-                    .ok()
-                    .filter(|&n| n as u64 <= MAX_BULK)
-                    .ok_or_else(|| err(format!("bulk length {n}")))?;
-                let end = pos
-                    .checked_add(n)
-                    .and_then(|e| e.checked_add(2))
-                    .ok_or_else(|| err(format!("bulk length {n}")))?;
-                if buf.len() < end {
-                    return Ok(None);
-                }
-                if &buf[end - 2..end] != b"\r\n" {
-                    return Err(err("bulk string not followed by CRLF".into()));
-                }
-                pos = end;
-            }
+            b'$' | b'!' | b'=' => match bulk_end(buf, pos, ty, line)? {
+                Some(BulkEnd::Null) => {}
+                Some(BulkEnd::At(end)) => pos = end,
+                None => return Ok(None),
+            },
             b'*' | b'~' | b'>' | b'%' | b'|' => {
-                let n = int(line)?;
-                if n == -1 && ty == b'*' {
-                    continue; // null array
-                }
-                let n = u64::try_from(n)
-                    .ok()
-                    .filter(|&n| n <= MAX_ELEMENTS)
-                    .ok_or_else(|| err(format!("aggregate length {n}")))?;
-                let add = match ty {
-                    b'%' => n.checked_mul(2),
-                    // An attribute map, then the frame it describes.
-                    b'|' => n.checked_mul(2).and_then(|m| m.checked_add(1)),
-                    _ => Some(n),
-                };
-                pending = add
-                    .and_then(|a| pending.checked_add(a))
-                    .ok_or_else(|| err(format!("aggregate length {n}")))?;
+                pending = pending
+                    .checked_add(elements(ty, line)?)
+                    .ok_or_else(|| err("aggregate too long".into()))?;
             }
             other => {
                 return Err(err(format!(
@@ -148,6 +118,55 @@ fn frame_len(buf: &[u8], side: Side) -> Result<Option<usize>, RespError> {
         }
     }
     Ok(Some(pos))
+}
+
+/// Where a bulk string whose header line was `line` ends.
+enum BulkEnd {
+    Null,
+    At(usize),
+}
+
+/// The end of the bulk string whose payload starts at `pos`; `None` when not all of it has
+/// arrived yet.
+fn bulk_end(buf: &[u8], pos: usize, ty: u8, line: &[u8]) -> Result<Option<BulkEnd>, RespError> {
+    let n = int(line)?;
+    if n == -1 && ty == b'$' {
+        return Ok(Some(BulkEnd::Null));
+    }
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|&n| n as u64 <= MAX_BULK)
+        .ok_or_else(|| err(format!("bulk length {n}")))?;
+    let end = pos
+        .checked_add(n)
+        .and_then(|e| e.checked_add(2))
+        .ok_or_else(|| err(format!("bulk length {n}")))?;
+    if buf.len() < end {
+        return Ok(None);
+    }
+    if &buf[end - 2..end] != b"\r\n" {
+        return Err(err("bulk string not followed by CRLF".into()));
+    }
+    Ok(Some(BulkEnd::At(end)))
+}
+
+/// How many elements an aggregate whose header line was `line` adds (0 for a null array).
+fn elements(ty: u8, line: &[u8]) -> Result<u64, RespError> {
+    let n = int(line)?;
+    if n == -1 && ty == b'*' {
+        return Ok(0);
+    }
+    let n = u64::try_from(n)
+        .ok()
+        .filter(|&n| n <= MAX_ELEMENTS)
+        .ok_or_else(|| err(format!("aggregate length {n}")))?;
+    match ty {
+        b'%' => n.checked_mul(2),
+        // An attribute map, then the frame it describes.
+        b'|' => n.checked_mul(2).and_then(|m| m.checked_add(1)),
+        _ => Some(n),
+    }
+    .ok_or_else(|| err(format!("aggregate length {n}")))
 }
 
 fn is_type_byte(b: u8) -> bool {
