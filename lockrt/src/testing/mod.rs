@@ -27,9 +27,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod cluster;
 mod proxy;
 mod resp;
 
+pub use cluster::{
+    CLUSTER_SLOTS, ClusterNode, NodeRole, RedisCluster, SlotMigration, key_in_slot, slot_of,
+};
 pub use proxy::{Direction, FaultProxy, ProxyCounters};
 
 /// How long a fresh server may take to answer `PING`.
