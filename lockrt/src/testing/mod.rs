@@ -30,11 +30,13 @@ use std::time::{Duration, Instant};
 mod cluster;
 mod proxy;
 mod resp;
+mod sentinel;
 
 pub use cluster::{
     CLUSTER_SLOTS, ClusterNode, NodeRole, RedisCluster, SlotMigration, key_in_slot, slot_of,
 };
 pub use proxy::{Direction, FaultProxy, ProxyCounters};
+pub use sentinel::RedisSentinelGroup;
 
 /// How long a fresh server may take to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
