@@ -31,12 +31,14 @@ mod cluster;
 mod proxy;
 mod resp;
 mod sentinel;
+mod tls;
 
 pub use cluster::{
     CLUSTER_SLOTS, ClusterNode, NodeRole, RedisCluster, SlotMigration, key_in_slot, slot_of,
 };
 pub use proxy::{Direction, FaultProxy, ProxyCounters};
 pub use sentinel::RedisSentinelGroup;
+pub use tls::{RedisTlsServer, TlsMaterial};
 
 /// How long a fresh server may take to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
