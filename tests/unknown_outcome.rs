@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 async fn frozen_for(
     pause: std::time::Duration,
+    wait: std::time::Duration,
 ) -> (
     Fx,
     lockrt::Locker,
@@ -33,7 +34,7 @@ async fn frozen_for(
             .status();
     });
     let res = locker
-        .acquire("unsure", opts().ttl(ms(5_000)).wait(ms(3_000)))
+        .acquire("unsure", opts().ttl(ms(5_000)).wait(wait))
         .await;
     thaw.await.unwrap();
     (fx, locker, res)
@@ -41,7 +42,7 @@ async fn frozen_for(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_reply_resolved_by_retry_with_the_same_token() {
-    let (fx, _locker, res) = frozen_for(ms(350)).await;
+    let (fx, _locker, res) = frozen_for(ms(350), ms(3_000)).await;
     let guard = res.expect("resolved to acquired once the server answered");
     let mut conn = fx.conn().await;
     let value: String = conn.get("lock:unsure").await.unwrap();
@@ -59,8 +60,9 @@ async fn lost_reply_resolved_by_retry_with_the_same_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unresolved_acquire_leaves_no_orphan_lock() {
-    let (fx, _locker, res) = frozen_for(ms(2_500)).await;
-    let err = res.expect_err("the server stayed silent past the retry budget");
+    // Silent for longer than the wait: no retry may start after it, so the call fails.
+    let (fx, _locker, res) = frozen_for(ms(2_500), ms(1_000)).await;
+    let err = res.expect_err("the server stayed silent past the wait");
     assert!(err.is_backend(), "{err:?}");
     // The server is answering again: whatever of ours landed is removed promptly, far
     // sooner than the 5 s lease.
