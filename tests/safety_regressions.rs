@@ -237,7 +237,9 @@ async fn d09_max_hold_bounds_holding() {
             })
             .await;
         let took = start.elapsed();
-        println!("FIGURE d09_max_hold_bounds_holding: ttl 300 ms, max_hold 700 ms: body stopped with Lost after {took:?}");
+        println!(
+            "FIGURE d09_max_hold_bounds_holding: ttl 300 ms, max_hold 700 ms: body stopped with Lost after {took:?}"
+        );
         assert!(res.unwrap_err().is_lost());
         assert!(took >= ms(600) && took < ms(1_500), "ended after {took:?}");
         let g = locker
@@ -298,7 +300,9 @@ async fn d13_wait_bounds_an_acquire_against_a_stalled_server() {
     let res = locker.acquire("stalled", opts().wait(ms(300))).await;
     let took = start.elapsed();
     fx.server().resume().unwrap();
-    println!("FIGURE d13_wait_bounds_an_acquire_against_a_stalled_server: wait 300 ms, response timeout 500 ms, server SIGSTOPped: failed after {took:?}");
+    println!(
+        "FIGURE d13_wait_bounds_an_acquire_against_a_stalled_server: wait 300 ms, response timeout 500 ms, server SIGSTOPped: failed after {took:?}"
+    );
     assert!(res.is_err(), "acquired from a stopped server");
     // wait (300 ms) plus one response timeout (500 ms), with room for a loaded machine.
     assert!(took < ms(1_100), "returned after {took:?}");
@@ -329,7 +333,9 @@ async fn d14_failing_renewals_back_off() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    println!("FIGURE d14_failing_renewals_back_off: ttl 1.5 s, READONLY from the start: {calls} renewal scripts until the loss");
+    println!(
+        "FIGURE d14_failing_renewals_back_off: ttl 1.5 s, READONLY from the start: {calls} renewal scripts until the loss"
+    );
     assert!(
         calls <= 20,
         "{calls} renewal scripts for one lock in one lease"
