@@ -1,36 +1,57 @@
 //! Turns a redis-rs error into a [`BackendError`] that names the cause and the fix, scrubbed of
 //! credentials, and transient exactly when redis-rs's own `retry_method()` says a retry can
 //! help (plus the failover states `READONLY`, `LOADING`, `MASTERDOWN`, which clear by
-//! themselves).
+//! themselves). A redirection (`MOVED`, `ASK`) means a misconfigured locker on a standalone
+//! connection, but a slot migration or failover still under way on a cluster connection
+//! (redis-rs follows redirections; one reaches us only when its retries ran out).
 
 use redis::{ErrorKind, RedisError, RetryMethod, ServerErrorKind};
 
 use crate::error::BackendError;
 
 /// ACL rules a user needs for lockrt with the default prefix `lock:`: its own keys, the helper
-/// keys (hash tag first), the release channels, and the commands the scripts and the
-/// subscriber run.
+/// keys (hash tag first), the release channels, the commands lockrt sends (`HELLO` to check
+/// the version, `WAIT` for `sync_replicas`, `ROLE` which redis-rs asks a Sentinel-named
+/// master), and every command the scripts run (Redis checks those against the user too).
+/// Keep in step with `scripts/*.lua`; `tests/topology_acl.rs` grants exactly this.
 pub(crate) const ACL_HINT: &str = "grant the user `~lock:* ~{lock:* &{lock:* +evalsha +eval \
-     +script|load +subscribe +unsubscribe +ping +hello +wait` (with your prefix instead of \
-     `lock:`)";
+     +subscribe +unsubscribe +ping +hello +wait +role` and the commands the scripts run, \
+     `+get +set +del +exists +incr +pexpire +pttl +time +hget +hset +hdel +zadd +zrange +zrem \
+     +zscore +publish` (with your prefix instead of `lock:`)";
 
-/// A scrubbed error for the server at `addr`.
-pub(crate) fn diagnose(addr: &str, e: &RedisError, scrub: impl Fn(&str) -> String) -> BackendError {
-    let (hint, transient) = classify(e);
+/// A scrubbed error for the server at `addr`; `cluster`: it came through a cluster
+/// connection.
+pub(crate) fn diagnose(
+    addr: &str,
+    cluster: bool,
+    e: &RedisError,
+    scrub: impl Fn(&str) -> String,
+) -> BackendError {
+    let (hint, transient) = classify(e, cluster);
     let be = BackendError::new(addr, scrub(&e.to_string())).with_hint(hint);
     if transient { be } else { be.permanent() }
 }
 
 /// What to do about `e`, and whether retrying the same request may succeed.
-fn classify(e: &RedisError) -> (&'static str, bool) {
+fn classify(e: &RedisError, cluster: bool) -> (&'static str, bool) {
     let retry = !matches!(e.retry_method(), RetryMethod::NoRetry);
     match e.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+            | ServerErrorKind::Ask
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown,
+        ) if cluster => (
+            "the cluster is moving this slot or failing over; lockrt retries within the wait",
+            true,
+        ),
         ErrorKind::AuthenticationFailed => (
             "authentication failed: check the user name and password in the URL (or the ACL \
              user's `on` state)",
             false,
         ),
         ErrorKind::Server(ServerErrorKind::NoPerm) => (ACL_HINT, false),
+        _ if denied_inside_script(e) => (ACL_HINT, false),
         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => (
             "this is a Redis Cluster node: build the locker with `.cluster([...seed URLs])` \
              (feature `cluster`) or a `redis+cluster://` URL",
@@ -64,6 +85,12 @@ fn classify(e: &RedisError) -> (&'static str, bool) {
     }
 }
 
+/// A command a script ran was denied by the user's ACL (Redis 7.0 answers a plain `ERR`).
+fn denied_inside_script(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+        && e.to_string().contains("can't run this command")
+}
+
 fn is_tls(e: &RedisError) -> bool {
     let text = e.to_string().to_ascii_lowercase();
     text.contains("tls") || text.contains("certificate") || text.contains("handshake")
@@ -83,28 +110,60 @@ mod tests {
     fn each_class_names_its_fix() {
         let noperm = diagnose(
             "h:1",
+            false,
             &server_error("NOPERM", "no permissions"),
             str::to_owned,
         );
         assert!(!noperm.is_transient());
         assert!(noperm.to_string().contains("~{lock:*"), "{noperm}");
+        let in_script = diagnose(
+            "h:1",
+            false,
+            &server_error(
+                "ERR",
+                "The user executing the script can't run this command or subcommand script: x",
+            ),
+            str::to_owned,
+        );
+        assert!(!in_script.is_transient());
+        assert!(in_script.to_string().contains("+zscore"), "{in_script}");
         let moved = diagnose(
             "h:1",
+            false,
             &server_error("MOVED", "6053 127.0.0.1:7001"),
             str::to_owned,
         );
         assert!(moved.to_string().contains(".cluster("), "{moved}");
         let ro = diagnose(
             "h:1",
+            false,
             &server_error("READONLY", "You can't write"),
             str::to_owned,
         );
         assert!(ro.is_transient(), "{ro}");
         let loading = diagnose(
             "h:1",
+            false,
             &server_error("LOADING", "Redis is loading"),
             str::to_owned,
         );
         assert!(loading.is_transient());
+    }
+
+    #[test]
+    fn redirections_are_transient_on_a_cluster_connection_only() {
+        for (code, text) in [
+            ("MOVED", "6053 127.0.0.1:7001"),
+            ("ASK", "6053 127.0.0.1:7001"),
+        ] {
+            let standalone = diagnose("h:1", false, &server_error(code, text), str::to_owned);
+            assert!(!standalone.is_transient(), "{standalone}");
+            assert!(standalone.to_string().contains(".cluster("), "{standalone}");
+            let cluster = diagnose("h:1", true, &server_error(code, text), str::to_owned);
+            assert!(cluster.is_transient(), "{cluster}");
+            assert!(!cluster.to_string().contains(".cluster("), "{cluster}");
+        }
+        let tryagain = diagnose("h:1", true, &server_error("TRYAGAIN", "x"), str::to_owned);
+        assert!(tryagain.is_transient(), "{tryagain}");
     }
 }

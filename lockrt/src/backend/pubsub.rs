@@ -4,9 +4,11 @@
 //! skips a round trip).
 //!
 //! The task reports to the waiting side through [`Events`]: a message on a lock's channel, or
-//! "messages may have been missed" (a new or lost connection), after which every waiter
-//! retries. It never decides anything about locks. The task restarts on the runtime of the
-//! next subscriber when its own runtime is gone, and ends when the `Locker` is dropped.
+//! "messages may have been missed" (a new or lost connection, or a Sentinel master switch,
+//! after which it resubscribes on the new master), after which every waiter retries. It never
+//! decides anything about locks. The task restarts on the runtime of the next subscriber when
+//! its own runtime is gone, and ends when the `Locker` is dropped. Its errors are diagnosed
+//! like the command connection's (a channel the ACL denies names the rules).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -14,9 +16,10 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use super::diagnose::diagnose;
 use super::topology::Connector;
 use crate::error::BackendError;
 use crate::key::{channel_of, tag_of_channel};
@@ -152,6 +155,8 @@ enum Event {
     LingerEnded,
     Message(Option<redis::Msg>),
     Reconnect,
+    /// The Sentinels named another master: this connection may be on the demoted one.
+    MasterSwitched,
 }
 
 /// The subscriber task's state: the connection, which channels it has subscribed, which of
@@ -165,10 +170,13 @@ struct Task {
     reconnect_at: Option<Instant>,
     /// Connections made so far: a cluster subscriber moves to the next node each time.
     round: usize,
+    /// Master switches (Sentinel only).
+    switches: Option<watch::Receiver<u64>>,
 }
 
 impl Task {
     fn new(remote: Arc<Remote>, events: Weak<dyn Events>) -> Task {
+        let switches = remote.connector.switches();
         Task {
             remote,
             events,
@@ -177,6 +185,7 @@ impl Task {
             lingering: HashMap::new(),
             reconnect_at: None,
             round: 0,
+            switches,
         }
     }
 
@@ -203,6 +212,12 @@ impl Task {
                     self.reset(Instant::now());
                 }
                 Event::Reconnect => self.on_reconnect().await,
+                Event::MasterSwitched => {
+                    if self.conn.is_some() {
+                        tracing::info!(addr = %self.remote.addr, "master switched; resubscribing on the new master");
+                        self.reset(Instant::now());
+                    }
+                }
             }
         }
     }
@@ -211,8 +226,10 @@ impl Task {
         let reconnect_at = self.reconnect_at;
         let linger_end = self.lingering.values().min().copied();
         let conn = &mut self.conn;
+        let switches = &mut self.switches;
         tokio::select! {
             cmd = rx.recv() => Event::Cmd(cmd),
+            () = switched(switches) => Event::MasterSwitched,
             () = sleep_until(linger_end) => Event::LingerEnded,
             msg = async {
                 match conn.as_mut() {
@@ -305,7 +322,7 @@ impl Task {
         }
     }
 
-    async fn subscribe(&mut self, tag: &Arc<str>) -> Result<(), String> {
+    async fn subscribe(&mut self, tag: &Arc<str>) -> Result<(), SubError> {
         if self.subscribed.contains(tag) && self.conn.is_some() {
             return Ok(());
         }
@@ -321,19 +338,16 @@ impl Task {
             }
             Ok(Err(e)) => {
                 self.conn = None;
-                Err(e.to_string())
+                Err(SubError::Redis(e))
             }
             Err(_) => {
                 self.conn = None;
-                Err(format!(
-                    "SUBSCRIBE not answered within {:?}",
-                    self.remote.timeout
-                ))
+                Err(SubError::Timeout("SUBSCRIBE not answered"))
             }
         }
     }
 
-    async fn connect(&mut self) -> Result<(), String> {
+    async fn connect(&mut self) -> Result<(), SubError> {
         self.subscribed.clear();
         let round = self.round;
         self.round = self.round.wrapping_add(1);
@@ -347,26 +361,54 @@ impl Task {
         };
         let ps = tokio::time::timeout(self.remote.timeout, connect)
             .await
-            .map_err(|_| {
-                format!(
-                    "pub/sub connection not established within {:?}",
-                    self.remote.timeout
-                )
-            })?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| SubError::Timeout("pub/sub connection not established"))?
+            .map_err(SubError::Redis)?;
         self.conn = Some(ps.split());
         // Anything published before this connection existed was missed.
         self.missed();
         Ok(())
     }
 
-    fn error(&self, m: String) -> BackendError {
-        let m = match self.remote.secret.as_deref() {
-            Some(s) if !s.is_empty() => m.replace(s, "***"),
-            _ => m,
+    /// A scrubbed error naming cause and fix (a denied channel gets the ACL rules), as the
+    /// command connection's errors do.
+    fn error(&self, e: SubError) -> BackendError {
+        let scrub = |m: &str| {
+            let m = match self.remote.secret.as_deref() {
+                Some(s) if !s.is_empty() => m.replace(s, "***"),
+                _ => m.to_owned(),
+            };
+            format!("pub/sub: {m}")
         };
-        BackendError::new(self.remote.addr.clone(), format!("pub/sub: {m}"))
+        match e {
+            SubError::Redis(e) => diagnose(
+                &self.remote.addr,
+                self.remote.connector.is_cluster(),
+                &e,
+                scrub,
+            ),
+            SubError::Timeout(what) => BackendError::new(
+                self.remote.addr.clone(),
+                scrub(&format!("{what} within {:?}", self.remote.timeout)),
+            ),
+        }
     }
+}
+
+/// Resolves on the next master switch; never without Sentinel (or once it is gone).
+async fn switched(switches: &mut Option<watch::Receiver<u64>>) {
+    let open = match switches {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => false,
+    };
+    if !open {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Why subscribing failed.
+enum SubError {
+    Redis(redis::RedisError),
+    Timeout(&'static str),
 }
 
 async fn sleep_until(at: Option<Instant>) {

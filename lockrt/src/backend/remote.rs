@@ -8,7 +8,8 @@
 //! lock to the wrong caller: every script echoes a request id first in its reply, and a reply
 //! with another id, a response timeout or an I/O error discards the connection (the next
 //! request opens a new one, bounded by the connect timeout; for Sentinel that resolves the
-//! master again, for a Cluster it rebuilds the slot map). redis-rs's `ConnectionManager`
+//! master again, for a Cluster it rebuilds the slot map). `READONLY` (a demoted master) and a
+//! Sentinel-announced master switch discard it too. redis-rs's `ConnectionManager`
 //! reconnects on I/O errors only, not on timeouts, which is why this module keeps its own slot.
 //!
 //! Scripts run by `EVALSHA`, and by `EVAL` on the same connection after `NOSCRIPT`: that loads
@@ -102,9 +103,10 @@ pub(crate) struct Settings {
     pub(crate) sync: Option<SyncReplicas>,
 }
 
-/// The command connection in use and its generation, so that a request that found it broken
-/// discards only the one it used, not a fresh one another request already opened.
-type Slot = Option<(Conn, u64)>;
+/// The command connection in use, its generation (so that a request that found it broken
+/// discards only the one it used, not a fresh one another request already opened) and the
+/// master-switch count it was opened under ([`Connector::epoch`]).
+type Slot = Option<(Conn, u64, u64)>;
 
 pub(crate) struct RedisBackend {
     connector: Arc<Connector>,
@@ -183,9 +185,9 @@ impl RedisBackend {
         self.subscriber.clone()
     }
 
-    /// The connection in use, opening one when there is none.
+    /// The connection in use, opening one when there is none or the master switched since.
     async fn conn(&self) -> Result<(Conn, u64), BackendError> {
-        if let Some(c) = self.slot().clone() {
+        if let Some(c) = self.current() {
             return Ok(c);
         }
         // Boxed: connecting is rare, and its future is large; inline it would grow every
@@ -193,14 +195,33 @@ impl RedisBackend {
         Box::pin(self.reconnect()).await
     }
 
+    /// The connection in the slot, unless it predates the latest master switch.
+    fn current(&self) -> Option<(Conn, u64)> {
+        let epoch = self.connector.epoch();
+        let mut slot = self.slot();
+        match slot.clone() {
+            Some((c, g, e)) if e == epoch => Some((c, g)),
+            Some(_) => {
+                *slot = None;
+                None
+            }
+            None => None,
+        }
+    }
+
     async fn reconnect(&self) -> Result<(Conn, u64), BackendError> {
         let _one = self.connecting.lock().await;
-        if let Some(c) = self.slot().clone() {
+        if let Some(c) = self.current() {
             return Ok(c);
         }
+        // Read before resolving the master: a switch during the connect makes it stale.
+        let epoch = self.connector.epoch();
+        // A `WAIT` answers when the replicas acknowledged or its own timeout passed: a reply
+        // may take that much longer than a plain one.
+        let wait = self.sync.map_or(Duration::ZERO, |s| s.timeout);
         let cfg = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeouts.connect))
-            .set_response_timeout(Some(self.timeouts.response));
+            .set_response_timeout(Some(self.timeouts.response.saturating_add(wait)));
         let conn = tokio::time::timeout(
             self.timeouts.connect.saturating_add(self.timeouts.response),
             self.connector.connect(&cfg),
@@ -215,7 +236,7 @@ impl RedisBackend {
         })?
         .map_err(|e| self.error(&e))?;
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        *self.slot() = Some((conn.clone(), generation));
+        *self.slot() = Some((conn.clone(), generation, epoch));
         Ok((conn, generation))
     }
 
@@ -227,7 +248,7 @@ impl RedisBackend {
     /// Stops using connection `generation`: the next request opens a new one.
     fn discard(&self, generation: u64) {
         let mut slot = self.slot();
-        if slot.as_ref().is_some_and(|(_, g)| *g == generation) {
+        if slot.as_ref().is_some_and(|(_, g, _)| *g == generation) {
             *slot = None;
         }
     }
@@ -266,7 +287,9 @@ impl RedisBackend {
     /// A scrubbed error naming cause and fix, transient or not as redis-rs's own
     /// `retry_method` says.
     fn error(&self, e: &RedisError) -> BackendError {
-        diagnose(&self.addr, e, |m| self.scrub(m))
+        diagnose(&self.addr, self.connector.is_cluster(), e, |m| {
+            self.scrub(m)
+        })
     }
 
     fn scrub(&self, msg: &str) -> String {
@@ -502,13 +525,18 @@ impl RedisBackend {
     }
 }
 
-/// Errors after which the connection can't be trusted to pair replies with requests.
+/// Errors after which the connection can't be trusted to pair replies with requests, or
+/// talks to a server that is no longer the master (`READONLY`: redis-rs only refreshes a
+/// cluster's slot map for it, a Sentinel connection would stay on the demoted master).
 fn needs_new_connection(e: &RedisError) -> bool {
     e.is_timeout()
         || e.is_io_error()
         || e.is_connection_dropped()
         || e.is_unrecoverable_error()
-        || matches!(e.retry_method(), RetryMethod::Reconnect)
+        || matches!(
+            e.retry_method(),
+            RetryMethod::Reconnect | RetryMethod::RefreshSlotsAndRetry
+        )
 }
 
 fn is_rid(v: &Value, rid: u64) -> bool {

@@ -9,13 +9,22 @@
 //!   any one node and moves to the next when that node fails.
 //! - Sentinel (feature `sentinel`): the master is resolved from the Sentinels on every new
 //!   connection; a connection that hits `READONLY` (a demoted master) or fails is replaced,
-//!   which resolves the master again.
+//!   which resolves the master again. A task (`SwitchWatch`) listens for the Sentinels'
+//!   `+switch-master` of the service and counts switches: a connection opened before the
+//!   latest switch is stale and gets replaced before its next command, because a demoted
+//!   master keeps accepting writes for seconds after the switch.
 //!
 //! TLS (feature `tls`) uses rustls with a crypto provider this crate installs, and accepts a
-//! private CA and a client certificate for every topology.
+//! private CA and a client certificate for standalone servers and clusters. With Sentinel,
+//! `rediss://` sentinel URLs make the master connections TLS too, but verified against the
+//! system's roots only: redis-rs's `Sentinel` takes certificates only through
+//! `SentinelClientBuilder`, which this module does not use yet.
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisFuture, Value};
+
+#[cfg(feature = "sentinel")]
+pub(crate) use switch::SwitchWatch;
 
 /// Where the servers are, as configured on the builder.
 #[derive(Clone)]
@@ -110,6 +119,7 @@ pub(crate) enum Connector {
         service: String,
         node: redis::sentinel::SentinelNodeConnectionInfo,
         first: Client,
+        switches: SwitchWatch,
     },
 }
 
@@ -185,6 +195,26 @@ impl Connector {
             .await
             .async_master_for(service, Some(node))
             .await
+    }
+
+    /// Master switches seen so far (always 0 without Sentinel): a connection opened before
+    /// the count last moved talks to a demoted master. Restarts the watching task when its
+    /// runtime ended.
+    pub(crate) fn epoch(&self) -> u64 {
+        #[cfg(feature = "sentinel")]
+        if let Connector::Sentinel { switches, .. } = self {
+            return switches.epoch();
+        }
+        0
+    }
+
+    /// Notified on each master switch (Sentinel only), for the subscriber.
+    pub(crate) fn switches(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        #[cfg(feature = "sentinel")]
+        if let Connector::Sentinel { switches, .. } = self {
+            return Some(switches.subscribe());
+        }
+        None
     }
 
     /// Whether lock scripts may go to different servers (a renewal batch must then stay
@@ -284,6 +314,13 @@ pub(crate) fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// Retries of one cluster request (redirections, `TRYAGAIN`, a refreshed slot map).
+#[cfg(feature = "cluster")]
+const CLUSTER_RETRIES: u32 = 4;
+/// Shortest and longest pause before such a retry, in ms (doubling from the shortest).
+#[cfg(feature = "cluster")]
+const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (10, 200);
+
 #[cfg(feature = "cluster")]
 fn cluster(
     seeds: &[String],
@@ -300,11 +337,17 @@ fn cluster(
             "a cluster needs at least one seed URL",
         )));
     }
+    // Redirections and TRYAGAIN (a slot in migration) are retried by redis-rs, a few times
+    // and within milliseconds: its default waits at least 1.28 s per retry, longer than a
+    // response may take here (the response timeout also bounds the retries).
     #[allow(unused_mut)]
     let mut builder = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
         .connection_timeout(timeouts.connect)
         .response_timeout(timeouts.response)
-        .retries(2);
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
+        .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1)
+        .retry_wait_formula(CLUSTER_RETRY_WAIT_MS.0, 2);
     #[cfg(feature = "tls")]
     if !tls.is_empty() {
         builder = builder.certs(certificates(tls));
@@ -342,13 +385,168 @@ fn sentinel(
             redis::TlsMode::Secure
         });
     }
-    let _ = tls;
+    let watchers = sentinels
+        .iter()
+        .map(|s| client(s, tls))
+        .collect::<redis::RedisResult<Vec<Client>>>()?;
     Ok(Connector::Sentinel {
         sentinel: tokio::sync::Mutex::new(redis::sentinel::Sentinel::build(sentinels.to_vec())?),
+        switches: SwitchWatch::new(watchers, service.clone()),
         service,
         node,
         first,
     })
+}
+
+/// Following `+switch-master`: the counter, and the task that keeps it.
+#[cfg(feature = "sentinel")]
+mod switch {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+    use redis::Client;
+    use tokio::sync::watch;
+    use tokio_util::sync::CancellationToken;
+
+    /// Longest time to connect to a Sentinel and subscribe.
+    const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+    /// Pause before trying the next Sentinel.
+    const RETRY_DELAY: Duration = Duration::from_millis(200);
+
+    /// Counts the master switches of one service that the Sentinels announce. The task that
+    /// listens runs on the runtime of the first caller (and again on a later caller's when
+    /// that runtime ended); it stops when this is dropped.
+    pub(crate) struct SwitchWatch {
+        sentinels: Vec<Client>,
+        service: String,
+        epoch: watch::Sender<u64>,
+        running: Arc<AtomicBool>,
+        stop: CancellationToken,
+    }
+
+    impl SwitchWatch {
+        pub(crate) fn new(sentinels: Vec<Client>, service: String) -> SwitchWatch {
+            SwitchWatch {
+                sentinels,
+                service,
+                epoch: watch::Sender::new(0),
+                running: Arc::new(AtomicBool::new(false)),
+                stop: CancellationToken::new(),
+            }
+        }
+
+        pub(crate) fn epoch(&self) -> u64 {
+            self.ensure_running();
+            *self.epoch.borrow()
+        }
+
+        pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+            self.ensure_running();
+            self.epoch.subscribe()
+        }
+
+        fn ensure_running(&self) {
+            if self.running.load(Ordering::Acquire) || self.running.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                self.running.store(false, Ordering::Release);
+                return;
+            };
+            let task = Follow {
+                sentinels: self.sentinels.clone(),
+                service: self.service.clone(),
+                epoch: self.epoch.clone(),
+                stop: self.stop.clone(),
+                _running: Running(self.running.clone()),
+            };
+            rt.spawn(task.run());
+        }
+    }
+
+    impl Drop for SwitchWatch {
+        fn drop(&mut self) {
+            self.stop.cancel();
+        }
+    }
+
+    /// Clears the running flag however the task ends (also when its runtime drops it).
+    struct Running(Arc<AtomicBool>);
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+
+    struct Follow {
+        sentinels: Vec<Client>,
+        service: String,
+        epoch: watch::Sender<u64>,
+        stop: CancellationToken,
+        _running: Running,
+    }
+
+    impl Follow {
+        /// Listens on one Sentinel at a time, moving to the next when it fails. Every
+        /// subscription but the first counts as a switch: one may have been announced while
+        /// nobody listened.
+        async fn run(self) {
+            for round in 0usize.. {
+                let sentinel = &self.sentinels[round % self.sentinels.len()];
+                let subscribed = tokio::time::timeout(SUBSCRIBE_TIMEOUT, async {
+                    let mut ps = sentinel.get_async_pubsub().await?;
+                    ps.subscribe("+switch-master").await?;
+                    Ok::<_, redis::RedisError>(ps)
+                });
+                let subscribed = tokio::select! {
+                    () = self.stop.cancelled() => return,
+                    s = subscribed => s,
+                };
+                if let Ok(Ok(ps)) = subscribed {
+                    if round > 0 {
+                        self.bump();
+                    }
+                    if self.listen(ps.into_on_message()).await.is_break() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    () = self.stop.cancelled() => return,
+                    () = tokio::time::sleep(RETRY_DELAY) => {}
+                }
+            }
+        }
+
+        /// Counts this service's switches until the connection ends (`Continue`) or the
+        /// watch is dropped (`Break`).
+        async fn listen(
+            &self,
+            mut messages: redis::aio::PubSubStream,
+        ) -> std::ops::ControlFlow<()> {
+            loop {
+                let msg = tokio::select! {
+                    () = self.stop.cancelled() => return std::ops::ControlFlow::Break(()),
+                    m = messages.next() => m,
+                };
+                let Some(msg) = msg else {
+                    return std::ops::ControlFlow::Continue(());
+                };
+                // "<service> <old ip> <old port> <new ip> <new port>"
+                let payload = msg.get_payload_bytes();
+                if payload.split(|&b| b == b' ').next() == Some(self.service.as_bytes()) {
+                    tracing::info!(service = %self.service, "the Sentinels switched the master; reconnecting");
+                    self.bump();
+                }
+            }
+        }
+
+        fn bump(&self) {
+            self.epoch.send_modify(|e| *e += 1);
+        }
+    }
 }
 
 /// `host:port` or the socket path: enough to find the server, nothing secret.
