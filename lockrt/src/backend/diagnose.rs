@@ -42,7 +42,9 @@ fn classify(e: &RedisError, cluster: bool) -> (&'static str, bool) {
             | ServerErrorKind::TryAgain
             | ServerErrorKind::ClusterDown,
         ) if cluster => (
-            "the cluster is moving this slot or failing over; lockrt retries within the wait",
+            "the cluster is moving this slot or failing over: retry shortly (while a slot \
+             migrates, a script that finds some of a lock's keys moved and others not gets \
+             TRYAGAIN until the migration ends)",
             true,
         ),
         ErrorKind::AuthenticationFailed => (

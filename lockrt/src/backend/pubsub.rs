@@ -322,10 +322,26 @@ impl Task {
         }
     }
 
+    /// Subscribes the channel of `tag`. A connection that fails to answer (rather than
+    /// refusing the channel) may sit on a frozen or vanished node: one more try on a new
+    /// connection, the next node for a cluster (for one server, only when the failed
+    /// connection was an old one).
     async fn subscribe(&mut self, tag: &Arc<str>) -> Result<(), SubError> {
         if self.subscribed.contains(tag) && self.conn.is_some() {
             return Ok(());
         }
+        let old = self.conn.is_some();
+        match self.subscribe_once(tag).await {
+            Err(e) if !e.is_refusal() && (old || self.remote.connector.is_cluster()) => {
+                tracing::warn!(addr = %self.remote.addr, "pub/sub connection not answering; trying a new one");
+                self.reset(Instant::now());
+                self.subscribe_once(tag).await
+            }
+            res => res,
+        }
+    }
+
+    async fn subscribe_once(&mut self, tag: &Arc<str>) -> Result<(), SubError> {
         if self.conn.is_none() {
             self.connect().await?;
         }
@@ -409,6 +425,15 @@ async fn switched(switches: &mut Option<watch::Receiver<u64>>) {
 enum SubError {
     Redis(redis::RedisError),
     Timeout(&'static str),
+}
+
+impl SubError {
+    /// The server answered with an error (a denied channel, a wrong password): another
+    /// connection would be refused too.
+    fn is_refusal(&self) -> bool {
+        matches!(self, SubError::Redis(e) if e.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(e.kind(), redis::ErrorKind::Server(_)))
+    }
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -8,9 +8,12 @@
 //! lock to the wrong caller: every script echoes a request id first in its reply, and a reply
 //! with another id, a response timeout or an I/O error discards the connection (the next
 //! request opens a new one, bounded by the connect timeout; for Sentinel that resolves the
-//! master again, for a Cluster it rebuilds the slot map). `READONLY` (a demoted master) and a
-//! Sentinel-announced master switch discard it too. redis-rs's `ConnectionManager`
-//! reconnects on I/O errors only, not on timeouts, which is why this module keeps its own slot.
+//! master again). `READONLY` (a demoted master) and a Sentinel-announced master switch discard
+//! it too. A cluster connection is many node connections: one that timed out or lost a node
+//! stays in use while a new one (with a fresh slot map) is built in the background, because
+//! building one waits for every node, a frozen one too. redis-rs's `ConnectionManager`
+//! reconnects on I/O errors only, not on timeouts, which is why this module keeps its own
+//! connection ([`Link`]).
 //!
 //! Scripts run by `EVALSHA`, and by `EVAL` on the same connection after `NOSCRIPT`: that loads
 //! the script on the server that needs it (a cluster slot's master) and nowhere else. With
@@ -19,7 +22,7 @@
 //!
 //! Owns credential hygiene: every error leaving this module is scrubbed of the password.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -108,6 +111,97 @@ pub(crate) struct Settings {
 /// master-switch count it was opened under ([`Connector::epoch`]).
 type Slot = Option<(Conn, u64, u64)>;
 
+/// The command connection and how to replace it; shared with background rebuilds.
+struct Link {
+    connector: Arc<Connector>,
+    timeouts: Timeouts,
+    /// Longest `WAIT` (`sync_replicas`): replies may take that much longer.
+    wait: Duration,
+    slot: Mutex<Slot>,
+    /// Held while opening a connection: one connect at a time, the others wait for it.
+    connecting: tokio::sync::Mutex<()>,
+    generation: AtomicU64,
+    /// A background rebuild is under way (or cooling down).
+    rebuilding: AtomicBool,
+}
+
+impl Link {
+    fn config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.response.saturating_add(self.wait)))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        // Only ever a clone or a replacement under the lock: a panic can't leave it torn.
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connection in the slot, unless it predates the latest master switch.
+    fn current(&self) -> Option<(Conn, u64)> {
+        let epoch = self.connector.epoch();
+        let mut slot = self.slot();
+        match slot.clone() {
+            Some((c, g, e)) if e == epoch => Some((c, g)),
+            Some(_) => {
+                *slot = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Puts `conn`, opened under master-switch count `epoch`, in use.
+    fn install(&self, conn: Conn, epoch: u64) -> (Conn, u64) {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.slot() = Some((conn.clone(), generation, epoch));
+        (conn, generation)
+    }
+
+    /// Stops using connection `generation`: the next request opens a new one.
+    fn discard(&self, generation: u64) {
+        let mut slot = self.slot();
+        if slot.as_ref().is_some_and(|(_, g, _)| *g == generation) {
+            *slot = None;
+        }
+    }
+
+    /// Builds a new connection on the current runtime and swaps it in when it is ready,
+    /// unless one is being built already; the old one serves meanwhile. At most one
+    /// rebuild per response timeout.
+    fn rebuild_in_background(self: &Arc<Self>) {
+        if self.rebuilding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.rebuilding.store(false, Ordering::Release);
+            return;
+        };
+        let guard = Rebuilding(self.clone());
+        rt.spawn(async move {
+            let link = &guard.0;
+            let limit =
+                (link.timeouts.connect.saturating_add(link.timeouts.response)).saturating_mul(2);
+            let epoch = link.connector.epoch();
+            let cfg = link.config();
+            let built = tokio::time::timeout(limit, link.connector.connect(&cfg));
+            if let Ok(Ok(conn)) = built.await {
+                link.install(conn, epoch);
+            }
+            tokio::time::sleep(link.timeouts.response).await;
+        });
+    }
+}
+
+/// Clears `rebuilding` however the rebuild ends (also when its runtime drops it).
+struct Rebuilding(Arc<Link>);
+
+impl Drop for Rebuilding {
+    fn drop(&mut self) {
+        self.0.rebuilding.store(false, Ordering::Release);
+    }
+}
+
 pub(crate) struct RedisBackend {
     connector: Arc<Connector>,
     addr: String,
@@ -115,10 +209,7 @@ pub(crate) struct RedisBackend {
     timeouts: Timeouts,
     fence_retention: Duration,
     sync: Option<SyncReplicas>,
-    slot: Mutex<Slot>,
-    /// Held while opening a connection: one connect at a time, the others wait for it.
-    connecting: tokio::sync::Mutex<()>,
-    generation: AtomicU64,
+    link: Arc<Link>,
     subscriber: Subscriber,
 }
 
@@ -160,6 +251,15 @@ impl RedisBackend {
             timeouts.connect.saturating_add(timeouts.response),
             secret.clone(),
         );
+        let link = Arc::new(Link {
+            connector: connector.clone(),
+            timeouts,
+            wait: sync.map_or(Duration::ZERO, |s| s.timeout),
+            slot: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            generation: AtomicU64::new(0),
+            rebuilding: AtomicBool::new(false),
+        });
         let backend = RedisBackend {
             connector,
             addr,
@@ -167,9 +267,7 @@ impl RedisBackend {
             timeouts,
             fence_retention,
             sync,
-            slot: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            generation: AtomicU64::new(0),
+            link,
             subscriber,
         };
         let (mut conn, _) = backend.conn().await?;
@@ -187,7 +285,7 @@ impl RedisBackend {
 
     /// The connection in use, opening one when there is none or the master switched since.
     async fn conn(&self) -> Result<(Conn, u64), BackendError> {
-        if let Some(c) = self.current() {
+        if let Some(c) = self.link.current() {
             return Ok(c);
         }
         // Boxed: connecting is rare, and its future is large; inline it would grow every
@@ -195,36 +293,16 @@ impl RedisBackend {
         Box::pin(self.reconnect()).await
     }
 
-    /// The connection in the slot, unless it predates the latest master switch.
-    fn current(&self) -> Option<(Conn, u64)> {
-        let epoch = self.connector.epoch();
-        let mut slot = self.slot();
-        match slot.clone() {
-            Some((c, g, e)) if e == epoch => Some((c, g)),
-            Some(_) => {
-                *slot = None;
-                None
-            }
-            None => None,
-        }
-    }
-
     async fn reconnect(&self) -> Result<(Conn, u64), BackendError> {
-        let _one = self.connecting.lock().await;
-        if let Some(c) = self.current() {
+        let _one = self.link.connecting.lock().await;
+        if let Some(c) = self.link.current() {
             return Ok(c);
         }
         // Read before resolving the master: a switch during the connect makes it stale.
         let epoch = self.connector.epoch();
-        // A `WAIT` answers when the replicas acknowledged or its own timeout passed: a reply
-        // may take that much longer than a plain one.
-        let wait = self.sync.map_or(Duration::ZERO, |s| s.timeout);
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeouts.connect))
-            .set_response_timeout(Some(self.timeouts.response.saturating_add(wait)));
         let conn = tokio::time::timeout(
             self.timeouts.connect.saturating_add(self.timeouts.response),
-            self.connector.connect(&cfg),
+            self.connector.connect(&self.link.config()),
         )
         .await
         .map_err(|_| {
@@ -235,21 +313,19 @@ impl RedisBackend {
             .with_hint("check that Redis is running, reachable and not overloaded")
         })?
         .map_err(|e| self.error(&e))?;
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        *self.slot() = Some((conn.clone(), generation, epoch));
-        Ok((conn, generation))
+        Ok(self.link.install(conn, epoch))
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
-        // Only ever a clone or a replacement under the lock: a panic can't leave it torn.
-        self.slot.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Stops using connection `generation`: the next request opens a new one.
-    fn discard(&self, generation: u64) {
-        let mut slot = self.slot();
-        if slot.as_ref().is_some_and(|(_, g, _)| *g == generation) {
-            *slot = None;
+    /// After a request on connection `generation` failed with `e`: a connection that can't
+    /// be trusted any more is replaced, a cluster's in the background.
+    fn after_failure(&self, generation: u64, e: &RedisError) {
+        if !needs_new_connection(e) {
+            return;
+        }
+        if self.connector.is_cluster() {
+            self.link.rebuild_in_background();
+        } else {
+            self.link.discard(generation);
         }
     }
 
@@ -323,19 +399,17 @@ impl RedisBackend {
         let mut reply = match res {
             Ok(r) => r,
             Err(e) => {
-                if needs_new_connection(&e) {
-                    self.discard(generation);
-                }
+                self.after_failure(generation, &e);
                 return Err(self.error(&e));
             }
         };
         let acks = if sync.is_some() { reply.pop() } else { None };
         let Value::Array(mut reply) = reply.pop().unwrap_or(Value::Nil) else {
-            self.discard(generation);
+            self.link.discard(generation);
             return Err(self.mismatch());
         };
         if reply.is_empty() || !is_rid(&reply[0], rid) {
-            self.discard(generation);
+            self.link.discard(generation);
             return Err(self.mismatch());
         }
         reply.remove(0);
