@@ -1,0 +1,279 @@
+//! lockrt as a Redis ACL user: a user granted exactly the documented rules can lock, wait
+//! (pub/sub) and release; a user missing a rule gets the `NOPERM` message naming the rules; a
+//! wrong password gets the authentication message; and no error, `Debug` output or log line
+//! ever contains the password.
+
+mod topology_support;
+
+use std::io::Write;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use lockrt::testing::RedisServer;
+use lockrt::{LockError, LockOptions, Locker};
+use tokio::time::Instant;
+use topology_support::{Raw, figure, ms, ms_f};
+
+/// The rules `ACL_HINT` documents (lockrt/src/backend/diagnose.rs), for the default prefix.
+const RULES: &str = "~lock:* ~{lock:* &{lock:* +evalsha +eval +subscribe +unsubscribe +ping \
+                     +hello +wait +role +get +set +del +exists +incr +pexpire +pttl +time \
+                     +hget +hset +hdel +zadd +zrange +zrem +zscore +publish";
+
+/// Every log line of this test binary, at every level.
+static LOGS: LazyLock<Arc<Mutex<Vec<u8>>>> = LazyLock::new(|| {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let sink = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || Sink(sink.clone()))
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).expect("one subscriber per binary");
+    buf
+});
+
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn logs() -> String {
+    String::from_utf8_lossy(&LOGS.lock().unwrap()).into_owned()
+}
+
+/// A server with an ACL user `user` (password `password`) granted `rules`.
+async fn server_with_user(user: &str, password: &str, rules: &str) -> RedisServer {
+    LazyLock::force(&LOGS);
+    let server = RedisServer::start().expect("redis-server");
+    let mut admin = Raw::single(&server.url()).await;
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER")
+        .arg(user)
+        .arg("on")
+        .arg(format!(">{password}"))
+        .arg("resetkeys")
+        .arg("resetchannels")
+        .arg("-@all");
+    for rule in rules.split_whitespace() {
+        cmd.arg(rule);
+    }
+    let () = cmd.query_async(&mut admin).await.expect("ACL SETUSER");
+    server
+}
+
+fn user_url(server: &RedisServer, user: &str, password: &str) -> String {
+    format!("redis://{user}:{password}@127.0.0.1:{}/", server.port())
+}
+
+/// `text` (an error, a `Debug` output) does not contain `password`.
+fn clean(text: &str, password: &str) {
+    assert!(!text.contains(password), "the password leaked: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_with_the_documented_rules_locks_waits_and_releases() {
+    let password = "pw-documented-4711";
+    let server = server_with_user("locks", password, RULES).await;
+    let url = user_url(&server, "locks", password);
+    let (a, b) = (
+        Locker::connect(&url)
+            .await
+            .expect("connect as the ACL user"),
+        Locker::connect(&url)
+            .await
+            .expect("connect as the ACL user"),
+    );
+    let mut raw = Raw::single(&server.url()).await;
+    let guard = a
+        .acquire("acl", LockOptions::new().ttl(ms(600)))
+        .await
+        .expect("acquire as the ACL user");
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let g = b.acquire("acl", LockOptions::new().wait(ms(5_000))).await;
+            (Instant::now(), g)
+        })
+    };
+    raw.until_queued("acl", 1).await;
+    // Held past a few renewals.
+    tokio::time::sleep(ms(700)).await;
+    assert!(!guard.is_lost(), "renewals as the ACL user failed");
+    let released = Instant::now();
+    guard.release().await.expect("release as the ACL user");
+    let (got, g) = waiter.await.unwrap();
+    g.expect("the waiter, woken over pub/sub as the ACL user")
+        .release()
+        .await
+        .unwrap();
+    let handoff = got - released;
+    figure(
+        "acl_user_with_the_documented_rules_locks_waits_and_releases",
+        format!(
+            "user granted `{RULES}`: acquire, renewals (ttl 600 ms held 700 ms), waiter woken \
+             {} after the release, release: Ok",
+            ms_f(handoff)
+        ),
+    );
+    assert!(
+        handoff < ms(500),
+        "waiter woken by the fallback timer: {handoff:?}"
+    );
+    clean(&logs(), password);
+}
+
+/// The rules without one of them: the error names what is missing.
+async fn missing_rule(rule: &str, password: &str) -> (String, LockError) {
+    let rules = RULES.replace(&format!("{rule} "), "");
+    assert_ne!(rules, RULES, "{rule} is one of the rules");
+    let server = server_with_user("partial", password, &rules).await;
+    let url = user_url(&server, "partial", password);
+    let locker = Locker::connect(&url).await.expect("connect");
+    // Held by an admin, so that the user has to wait (and subscribe).
+    let admin = Locker::connect(&server.url()).await.unwrap();
+    let held = admin.acquire("acl", LockOptions::new()).await.unwrap();
+    let err = locker
+        .acquire("acl", LockOptions::new().wait(ms(300)))
+        .await
+        .expect_err("a missing rule fails");
+    drop(held);
+    (err.to_string(), err)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_without_the_helper_key_pattern_gets_noperm_naming_the_rules() {
+    let password = "pw-nokeys-0815";
+    let (text, err) = missing_rule("~{lock:*", password).await;
+    figure(
+        "acl_user_without_the_helper_key_pattern_gets_noperm_naming_the_rules",
+        format!("without `~{{lock:*`: {text}"),
+    );
+    assert!(
+        text.contains("~{lock:*") && text.contains("&{lock:*"),
+        "{text}"
+    );
+    assert!(
+        matches!(&err, LockError::Backend(b) if !b.is_transient()),
+        "{err:?}"
+    );
+    clean(&text, password);
+    clean(&format!("{err:?}"), password);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_without_the_channel_pattern_gets_noperm_naming_the_rules() {
+    let password = "pw-nochannels-1234";
+    let (text, err) = missing_rule("&{lock:*", password).await;
+    figure(
+        "acl_user_without_the_channel_pattern_gets_noperm_naming_the_rules",
+        format!("without `&{{lock:*`, waiting: {text}"),
+    );
+    assert!(
+        text.contains("~{lock:*") && text.contains("&{lock:*"),
+        "{text}"
+    );
+    assert!(
+        matches!(&err, LockError::Backend(b) if !b.is_transient()),
+        "{err:?}"
+    );
+    clean(&text, password);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_gets_the_authentication_message() {
+    let password = "pw-right-5555";
+    let server = server_with_user("locks", password, RULES).await;
+    let wrong = "pw-wrong-6666";
+    let start = Instant::now();
+    let err = Locker::connect(&user_url(&server, "locks", wrong))
+        .await
+        .expect_err("a wrong password is refused");
+    let took = start.elapsed();
+    let text = err.to_string();
+    figure(
+        "wrong_password_gets_the_authentication_message",
+        format!("failed after {}: {text}", ms_f(took)),
+    );
+    assert!(text.contains("authentication failed"), "{text}");
+    assert!(
+        matches!(&err, LockError::Backend(b) if !b.is_transient()),
+        "{err:?}"
+    );
+    clean(&text, wrong);
+    clean(&format!("{err:?}"), wrong);
+    clean(&logs(), wrong);
+}
+
+/// The password in a URL never reaches an error, a `Debug` output or a log line, whatever
+/// fails: a refused connection, a wrong password, a permission error, a MOVED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn password_appears_in_no_error_debug_or_log() {
+    let password = "pw-never-shown-9876";
+    let server = server_with_user("locks", password, "~other:* +@all").await;
+    let url = user_url(&server, "locks", password);
+    let mut outputs = Vec::new();
+    // Permission error on the scripts.
+    let locker = Locker::connect(&url).await.expect("connect");
+    outputs.push(format!("{locker:?}"));
+    let err = locker.acquire("k", LockOptions::new()).await.unwrap_err();
+    outputs.push(err.to_string());
+    outputs.push(format!("{err:?}"));
+    // Nothing listens: refused.
+    let closed = RedisServer::start().unwrap();
+    let closed_url = user_url(&closed, "locks", password);
+    drop(closed);
+    let err = Locker::connect(&closed_url).await.unwrap_err();
+    outputs.push(err.to_string());
+    outputs.push(format!("{err:?}"));
+    // A builder with the password, and every topology URL form.
+    for url in [
+        closed_url.clone(),
+        closed_url.replace("redis://", "redis+cluster://"),
+        closed_url.replace("redis://", "redis+sentinel://") + "svc",
+    ] {
+        let builder = Locker::builder().url(&url).connect_timeout(ms(200));
+        outputs.push(format!("{builder:?}"));
+        if let Err(e) = builder.build().await {
+            outputs.push(e.to_string());
+            outputs.push(format!("{e:?}"));
+        }
+    }
+    let n = outputs.len();
+    for text in &outputs {
+        clean(text, password);
+    }
+    clean(&logs(), password);
+    figure(
+        "password_appears_in_no_error_debug_or_log",
+        format!(
+            "{n} errors and Debug outputs (NOPERM, refused, builder, cluster and sentinel URLs) \
+             and {} bytes of TRACE logs: the password in none",
+            logs().len()
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_without_a_command_the_scripts_run_gets_the_rules() {
+    let password = "pw-notime-2468";
+    let (text, err) = missing_rule("+time", password).await;
+    figure(
+        "acl_user_without_a_command_the_scripts_run_gets_the_rules",
+        format!("without `+time` (run inside the scripts): {text}"),
+    );
+    assert!(
+        text.contains("+time") && text.contains("~{lock:*"),
+        "{text}"
+    );
+    assert!(
+        matches!(&err, LockError::Backend(b) if !b.is_transient()),
+        "{err:?}"
+    );
+    clean(&text, password);
+}
