@@ -250,6 +250,34 @@ async fn standalone_locker_on_cluster_node(cluster: &RedisCluster) {
     );
 }
 
+/// `redis+cluster://host:port,host:port/` builds the same cluster locker as `.cluster(..)`.
+async fn url_scheme(cluster: &RedisCluster) {
+    let hosts: Vec<String> = (0..2)
+        .map(|i| format!("127.0.0.1:{}", cluster.port(i)))
+        .collect();
+    let url = format!("redis+cluster://{}/", hosts.join(","));
+    let locker = Locker::builder()
+        .url(&url)
+        .build()
+        .await
+        .expect("redis+cluster:// URL");
+    // Keys of every master, through seeds of two of them.
+    for m in 0..3 {
+        let k = &keys_on(cluster, m, "url", 1)[0];
+        locker
+            .acquire(k, LockOptions::new())
+            .await
+            .unwrap_or_else(|e| panic!("cluster_url_scheme: {e}"))
+            .release()
+            .await
+            .unwrap();
+    }
+    figure(
+        "cluster_url_scheme",
+        format!("{url}: acquire + release of keys on all 3 masters Ok"),
+    );
+}
+
 /// Every behaviour case on one 3-master cluster, one after the other (a cluster takes about
 /// 2 s to start; the cases use keys of their own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,4 +298,5 @@ async fn cluster_behaviour_suite() {
     attribute(&cluster, &t).await;
     noscript_after_flush(&cluster, &t).await;
     standalone_locker_on_cluster_node(&cluster).await;
+    url_scheme(&cluster).await;
 }

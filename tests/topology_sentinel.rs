@@ -89,6 +89,31 @@ async fn sentinel_loss_detection() {
     topology_support::loss_detection(&topo(&g).await).await;
 }
 
+/// `redis+sentinel://host:port/<service>` builds the same locker as `.sentinel(..)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_url_scheme() {
+    let g = group();
+    let url = format!(
+        "redis+sentinel://127.0.0.1:{}/{SERVICE}",
+        g.sentinel_ports()[0]
+    );
+    let locker = Locker::builder()
+        .url(&url)
+        .build()
+        .await
+        .expect("redis+sentinel:// URL");
+    let guard = locker.acquire("url", LockOptions::new()).await.unwrap();
+    assert!(
+        holds(g.master_port().unwrap(), "url").await,
+        "not on the master"
+    );
+    guard.release().await.unwrap();
+    figure(
+        "sentinel_url_scheme",
+        format!("{url}: acquire on the master, release: Ok"),
+    );
+}
+
 #[distributed_lock(key = "attr:{id}", locker = locker, ttl = "2s", wait = "2s")]
 async fn attr_section(locker: &Locker, raw: &mut Raw, id: u32) -> Result<u64, LockError> {
     assert!(raw.lease_left(&format!("attr:{id}")).await.is_some());
