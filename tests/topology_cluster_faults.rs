@@ -528,12 +528,9 @@ async fn cluster_subscriber_node_frozen_waiter_still_served() {
     );
 }
 
-/// One master frozen: a lock the same locker holds on another master keeps being renewed.
-/// Fails today: the lease monitor renews its due leases in one batch, the cluster backend
-/// splits it per slot, and one slot's timeout fails the whole batch (`Backend::renew`
-/// returns one result for all), so the healthy master's lock is declared lost after its ttl.
+/// One master frozen: a lock the same locker holds on another master keeps being renewed
+/// (renewal outcomes are per lease, so one slot's timeout fails only its own leases).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect: one slot's failed renewal fails the whole batch (lease.rs / Backend::renew)"]
 async fn cluster_frozen_master_does_not_cost_locks_on_other_masters() {
     let cluster = RedisCluster::start(3, 0).expect("start 3 masters");
     let (frozen, healthy) = (

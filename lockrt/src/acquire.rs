@@ -42,8 +42,11 @@ use crate::wait::{EntryHandle, Grant, Listener, Owner};
 const REGISTRATION: Duration = Duration::from_secs(2);
 /// Lease handed to a waiter with a watchdog; its first renewal extends it to the full ttl.
 const GRANT_LEASE: Duration = Duration::from_secs(2);
-/// Retries of one attempt whose outcome stays unknown (reply lost, connection reset).
+/// Retries of one attempt whose outcome stays unknown (reply lost, connection reset) when the
+/// wait has no end; with a wait, retries go on (with backoff) until it ends.
 const ATTEMPT_RETRIES: u32 = 3;
+/// The count bound of retries within a wait (the wait bounds them in time).
+const ATTEMPT_RETRIES_WITHIN_WAIT: u32 = 64;
 /// Retries may start this long after the call began even when `wait` is shorter, so one
 /// dropped connection does not fail a `try_acquire`.
 const MIN_RETRY_WINDOW: Duration = Duration::from_millis(100);
@@ -272,14 +275,11 @@ impl<'a> Acquisition<'a> {
 
     /// Retries of one attempt: a few, and none starting after the wait.
     fn backoff(&self) -> Backoff {
-        let b = Backoff::new(
-            Duration::from_millis(10),
-            Duration::from_millis(200),
-            ATTEMPT_RETRIES,
-        );
+        let backoff =
+            |tries| Backoff::new(Duration::from_millis(10), Duration::from_millis(200), tries);
         match self.retry_end {
-            Some(end) => b.until(end),
-            None => b,
+            Some(end) => backoff(ATTEMPT_RETRIES_WITHIN_WAIT).until(end),
+            None => backoff(ATTEMPT_RETRIES),
         }
     }
 

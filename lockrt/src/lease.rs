@@ -24,7 +24,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, Renewal, Token};
+use crate::backend::{Backend, Renewal, Renewed, Token};
 use crate::key::LockKey;
 
 /// Largest number of leases renewed by one script call.
@@ -240,11 +240,7 @@ impl Shared {
     }
 }
 
-type Outcome = (
-    Vec<u64>,
-    Instant,
-    Result<Vec<bool>, crate::error::BackendError>,
-);
+type Outcome = (Vec<u64>, Instant, Vec<Renewed>);
 
 /// Handle to one monitor task; dropping it ends the task.
 pub(crate) struct Monitor {
@@ -413,38 +409,32 @@ const MIN_IDLE_STEP: Duration = Duration::from_millis(100);
 /// due earlier wakes it).
 const IDLE_SCAN: Duration = Duration::from_secs(3600);
 
-fn apply_outcome(
-    t: &mut Table,
-    ids: &[u64],
-    sent: Instant,
-    res: Result<Vec<bool>, crate::error::BackendError>,
-) {
-    match res {
-        Ok(ok) => {
-            for (id, renewed) in ids.iter().zip(ok) {
-                let Some(st) = t.leases.get_mut(id) else {
-                    continue;
-                };
-                st.in_flight = false;
-                if renewed {
-                    let ttl = st.info.ttl;
-                    st.runs(sent, ttl);
-                } else {
-                    declare_lost(&st.info, "the lock is held by another owner or expired");
-                    t.leases.remove(id);
-                }
+fn apply_outcome(t: &mut Table, ids: &[u64], sent: Instant, res: Vec<Renewed>) {
+    let now = Instant::now();
+    let mut failed = None;
+    for (id, renewed) in ids.iter().zip(res) {
+        let Some(st) = t.leases.get_mut(id) else {
+            continue;
+        };
+        st.in_flight = false;
+        match renewed {
+            Ok(true) => {
+                let ttl = st.info.ttl;
+                st.runs(sent, ttl);
+            }
+            Ok(false) => {
+                declare_lost(&st.info, "the lock is held by another owner or expired");
+                t.leases.remove(id);
+            }
+            // Only the leases whose renewal failed wait for a retry (per key, per slot).
+            Err(e) => {
+                st.retry_later(now);
+                failed = Some((e, failed.map_or(1, |(_, n)| n + 1)));
             }
         }
-        Err(e) => {
-            let now = Instant::now();
-            warn_limited(t, now, &e, ids.len());
-            for id in ids {
-                if let Some(st) = t.leases.get_mut(id) {
-                    st.in_flight = false;
-                    st.retry_later(now);
-                }
-            }
-        }
+    }
+    if let Some((e, n)) = failed {
+        warn_limited(t, now, &e, n);
     }
 }
 

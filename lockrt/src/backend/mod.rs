@@ -99,6 +99,10 @@ pub(crate) enum Released {
     HandedOver,
 }
 
+/// The outcome of one lease's renewal: `Ok(true)` renewed, `Ok(false)` no longer held by its
+/// token, `Err` not known (retry within the deadline).
+pub(crate) type Renewed = Result<bool, BackendError>;
+
 /// What renewing one lease needs: the lock's Redis key, its owner token, the new lease.
 /// Borrowed from the lease table's entries for the duration of one batch.
 #[derive(Debug, Clone, Copy)]
@@ -131,11 +135,12 @@ impl Backend {
         }
     }
 
-    /// Renews each lease if its token still owns it; `true` per renewed lease.
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {
+    /// Renews each lease if its token still owns it: one outcome per lease, so a failure
+    /// (one cluster slot's master unreachable) affects only the leases it concerns.
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Vec<Renewed> {
         match self {
             Backend::Redis(b) => b.renew(batch).await,
-            Backend::Memory(b) => Ok(b.renew(batch)),
+            Backend::Memory(b) => b.renew(batch).into_iter().map(Ok).collect(),
         }
     }
 

@@ -32,7 +32,7 @@ use redis::{AsyncConnectionConfig, Cmd, RedisError, RetryMethod, Script, Value};
 use super::diagnose::diagnose;
 use super::pubsub::Subscriber;
 use super::topology::{Conn, Connector, TlsFiles, Topology, slot_of};
-use super::{Attempt, Queueing, Released, Renewal, Token, millis};
+use super::{Attempt, Queueing, Released, Renewal, Renewed, Token, millis};
 use crate::error::BackendError;
 use crate::key::LockKey;
 
@@ -519,11 +519,12 @@ impl RedisBackend {
         })
     }
 
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Vec<Renewed> {
         if !self.connector.is_cluster() {
-            return self.renew_one_call(batch).await;
+            return per_lease(self.renew_one_call(batch).await, batch.len());
         }
-        // A script may only touch keys of one slot: one call per slot, all at once.
+        // A script may only touch keys of one slot: one call per slot, all at once, and a
+        // slot whose master is unreachable fails only its own leases.
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
         for (i, r) in batch.iter().enumerate() {
             by_slot
@@ -533,16 +534,16 @@ impl RedisBackend {
         }
         let calls = by_slot.values().map(|idx| {
             let part: Vec<Renewal<'_>> = idx.iter().map(|&i| batch[i]).collect();
-            async move { self.renew_one_call(&part).await }
+            async move { per_lease(self.renew_one_call(&part).await, part.len()) }
         });
         let results = futures_util::future::join_all(calls).await;
-        let mut out = vec![false; batch.len()];
+        let mut out: Vec<Renewed> = vec![Ok(false); batch.len()];
         for (idx, res) in by_slot.values().zip(results) {
-            for (&i, ok) in idx.iter().zip(res?) {
-                out[i] = ok;
+            for (&i, r) in idx.iter().zip(res) {
+                out[i] = r;
             }
         }
-        Ok(out)
+        out
     }
 
     async fn renew_one_call(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {
@@ -663,6 +664,14 @@ fn version_in_info(info: &str) -> Option<(u32, u32)> {
 fn parse_version(v: &str) -> Option<(u32, u32)> {
     let mut parts = v.split('.');
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// One call's result as one outcome per lease.
+fn per_lease(res: Result<Vec<bool>, BackendError>, n: usize) -> Vec<Renewed> {
+    match res {
+        Ok(v) => v.into_iter().map(Ok).collect(),
+        Err(e) => vec![Err(e); n],
+    }
 }
 
 fn is_noscript(e: &RedisError) -> bool {
