@@ -62,6 +62,14 @@ const ARGS: &[ArgSpec] = &[
         },
     },
     ArgSpec {
+        name: "min_hold",
+        example: "min_hold = \"1s\", or a `Duration` expression such as min_hold = TICK",
+        parse: |spec, input, found| {
+            found.options.min_hold = Some(nonzero_duration(spec, input)?);
+            Ok(())
+        },
+    },
+    ArgSpec {
         name: "locker",
         example: "locker = self.locker",
         parse: |_, input, found| {
@@ -108,6 +116,7 @@ pub(crate) struct Options {
     pub(crate) ttl: Option<DurationArg>,
     pub(crate) wait: Option<WaitArg>,
     pub(crate) max_hold: Option<DurationArg>,
+    pub(crate) min_hold: Option<DurationArg>,
     pub(crate) locker: Option<Expr>,
     pub(crate) watchdog: Option<bool>,
     pub(crate) on_lost: Option<OnLostArg>,

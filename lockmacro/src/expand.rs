@@ -206,6 +206,10 @@ fn options_expr(options: &Options, krate: &TokenStream) -> TokenStream {
         let max_hold = duration(max_hold);
         chain.extend(quote!(.max_hold(#max_hold)));
     }
+    if let Some(min_hold) = &options.min_hold {
+        let min_hold = duration(min_hold);
+        chain.extend(quote!(.min_hold(#min_hold)));
+    }
     if let Some(on) = options.watchdog {
         chain.extend(quote!(.watchdog(#on)));
     }

@@ -76,7 +76,20 @@ impl Locker {
     /// ```
     pub async fn acquire(&self, key: &str, opts: LockOptions) -> Result<LockGuard, LockError> {
         let wait = opts.wait.unwrap_or(self.settings().default_wait);
-        Acquisition::new(self, key, opts, wait)?.run().await
+        self.unless_shut_down(Acquisition::new(self, key, opts, wait)?.run())
+            .await
+    }
+
+    /// `acquisition`, cancelled (with its compensation) when the locker shuts down.
+    async fn unless_shut_down(
+        &self,
+        acquisition: impl Future<Output = Result<LockGuard, LockError>>,
+    ) -> Result<LockGuard, LockError> {
+        tokio::select! {
+            biased;
+            () = self.inner.closing.cancelled() => Err(LockError::ShutDown),
+            res = acquisition => res,
+        }
     }
 
     /// One attempt: `Ok(None)` when another owner (or this task, through a guard) holds the
@@ -100,7 +113,7 @@ impl Locker {
         opts: LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         let once = Acquisition::new(self, key, opts, Wait::For(Duration::ZERO))?;
-        match once.run().await {
+        match self.unless_shut_down(once.run()).await {
             Ok(g) => Ok(Some(g)),
             // Busy, also when the holder is this very task.
             Err(LockError::Timeout { .. } | LockError::HeldByThisTask { .. }) => Ok(None),
@@ -356,6 +369,7 @@ impl<'a> Acquisition<'a> {
                 watchdog: self.opts.watchdog,
                 safety: settings.safety_margin,
                 max_hold: self.opts.max_hold.or(settings.default_max_hold),
+                min_hold: self.opts.min_hold,
                 sent: taken.sent,
                 lease: taken.lease,
             },

@@ -272,6 +272,10 @@ impl LockerBuilder {
             default_wait: self.default_wait,
             default_max_hold: self.default_max_hold,
             safety_margin: self.safety_margin.min(MAX_TTL),
+            shutdown_bound: self
+                .timeouts()
+                .connect
+                .saturating_add(self.timeouts().response),
         })
     }
 

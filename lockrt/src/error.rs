@@ -67,6 +67,10 @@ pub enum LockError {
         /// The lock's key, as given by the caller.
         key: String,
     },
+    /// The locker was shut down ([`Locker::shutdown`](crate::Locker::shutdown)): it takes no
+    /// new locks, and waiting for one ended.
+    #[error("the locker was shut down: it takes no new locks (the process is stopping)")]
+    ShutDown,
     /// An annotated function without `locker = ...` ran before [`set_default`](crate::set_default).
     #[error(
         "no default locker installed: call `lockrt::set_default(locker)` at startup, \

@@ -11,6 +11,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::LockError;
 use crate::backend::Released;
 use crate::error::BackendError;
@@ -212,6 +214,16 @@ impl Release {
             Duration::from_millis(100),
             RELEASE_RETRIES,
         );
+        if self
+            .info
+            .released
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Ok(Released::Freed);
+        }
+        if let Some(keep) = self.info.keep_until.filter(|k| *k > Instant::now()) {
+            return self.keep_until(keep).await;
+        }
         let mut uncertain = false;
         loop {
             let still_ours = !self.info.is_lost_by_deadline();
@@ -225,6 +237,23 @@ impl Release {
                 Err(e) if backoff.retry(&e).await => uncertain = true,
                 res => return res,
             }
+        }
+    }
+
+    /// `min_hold`: instead of deleting, shorten the lease (owner-checked) to end at `keep`, so
+    /// nobody takes the lock sooner.
+    async fn keep_until(&self, keep: Instant) -> Result<Released, BackendError> {
+        let renewal = crate::backend::Renewal {
+            lock: self.info.key.lock(),
+            token: &self.info.token,
+            lease: keep.saturating_duration_since(Instant::now()),
+        };
+        let outcome = self.locker.backend().renew(&[renewal]).await;
+        match outcome.into_iter().next() {
+            Some(Ok(true)) => Ok(Released::Freed),
+            Some(Ok(false)) => Ok(Released::NotOwner),
+            Some(Err(e)) => Err(e),
+            None => Ok(Released::NotOwner),
         }
     }
 

@@ -49,8 +49,12 @@ pub(crate) struct LeaseInfo {
     pub(crate) safety: Duration,
     /// No renewal after this (`max_hold`).
     pub(crate) hold_until: Option<Instant>,
+    /// A release before this keeps the lock until then (`min_hold`).
+    pub(crate) keep_until: Option<Instant>,
     /// Cancelled when the lease is lost or released: nothing may rely on it after that.
     pub(crate) lost: CancellationToken,
+    /// Released by `Locker::shutdown`: the guard's own release has nothing left to do.
+    pub(crate) released: std::sync::atomic::AtomicBool,
     /// The local deadline; moved forward by each successful renewal.
     deadline: Mutex<Instant>,
     /// The holder's place in its locker's queue for the key: given up at loss, so local
@@ -67,6 +71,8 @@ pub(crate) struct NewLease {
     pub(crate) watchdog: bool,
     pub(crate) safety: Duration,
     pub(crate) max_hold: Option<Duration>,
+    /// `min_hold`, counted from when the reply arrived (no earlier than the server took it).
+    pub(crate) min_hold: Option<Duration>,
     /// Send time of the request that took the lock, and the lease it took it for.
     pub(crate) sent: Instant,
     pub(crate) lease: Duration,
@@ -83,7 +89,9 @@ impl LeaseInfo {
             watchdog: n.watchdog,
             safety: n.safety,
             hold_until,
+            keep_until: n.min_hold.and_then(|h| Instant::now().checked_add(h)),
             lost: CancellationToken::new(),
+            released: std::sync::atomic::AtomicBool::new(false),
             deadline: Mutex::new(deadline_of(n.sent, n.lease, n.safety, hold_until)),
             turn: Mutex::new(Some(turn)),
         }
@@ -294,6 +302,16 @@ impl Monitor {
         true
     }
 
+    /// Stops the task and hands over every lease it watched (shutdown).
+    pub(crate) fn drain(&self) -> Vec<Arc<LeaseInfo>> {
+        let mut t = self.shared.table();
+        t.closed = true;
+        let leases = t.leases.drain().map(|(_, st)| st.info).collect();
+        drop(t);
+        self.shared.wake.notify_one();
+        leases
+    }
+
     /// Stops watching (release or drop). Never blocks; the task is not woken, a scan that
     /// finds nothing costs nothing.
     pub(crate) fn remove(&self, id: u64) {
@@ -485,6 +503,7 @@ mod tests {
                 watchdog: true,
                 safety: SAFETY,
                 max_hold,
+                min_hold: None,
                 sent: Instant::now(),
                 lease: ttl,
             },

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::LockError;
 use crate::backend::Backend;
 use crate::key::LockKey;
@@ -51,6 +53,8 @@ pub(crate) struct Settings {
     pub(crate) default_wait: Wait,
     pub(crate) default_max_hold: Option<Duration>,
     pub(crate) safety_margin: Duration,
+    /// Longest time `shutdown` waits for one release.
+    pub(crate) shutdown_bound: Duration,
 }
 
 pub(crate) struct Inner {
@@ -62,6 +66,8 @@ pub(crate) struct Inner {
     monitors: Mutex<Vec<(tokio::runtime::Id, Arc<Monitor>)>>,
     held: AtomicUsize,
     pub(crate) waiting: AtomicUsize,
+    /// Cancelled by `shutdown`: no new locks, waiters end.
+    pub(crate) closing: CancellationToken,
     next_lease: AtomicU64,
 }
 
@@ -122,6 +128,7 @@ impl Locker {
                 monitors: Mutex::new(Vec::new()),
                 held: AtomicUsize::new(0),
                 waiting: AtomicUsize::new(0),
+                closing: CancellationToken::new(),
                 next_lease: AtomicU64::new(1),
             }),
         }
@@ -224,6 +231,50 @@ impl Locker {
         let m = Arc::new(Monitor::spawn(self.inner.backend.clone(), &rt));
         monitors.push((id, m.clone()));
         Some(m)
+    }
+
+    /// Shuts the locker down: it takes no new locks (`acquire` and waiting calls end with
+    /// [`LockError::ShutDown`]), the watchdog stops, and every lock held through it (and its
+    /// clones) is released now, so another instance takes over within a hand-off, not a ttl.
+    /// Sections holding a lock see it lost (`run` returns `Lost`); guards released later
+    /// report success without another round trip. Bounded: releases that do not answer within
+    /// the response timeout are left to their leases. Call it before the process exits, e.g.
+    /// after axum's graceful shutdown.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::in_memory();
+    /// let guard = locker.acquire("job", lockrt::LockOptions::new()).await?;
+    /// locker.shutdown().await;
+    /// assert!(guard.is_lost());
+    /// assert!(matches!(locker.acquire("job", Default::default()).await, Err(lockrt::LockError::ShutDown)));
+    /// # Ok(()) }
+    /// ```
+    pub async fn shutdown(&self) {
+        self.inner.closing.cancel();
+        let monitors: Vec<Arc<Monitor>> = self
+            .inner
+            .monitors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .map(|(_, m)| m)
+            .collect();
+        let leases: Vec<_> = monitors.iter().flat_map(|m| m.drain()).collect();
+        let bound = self.inner.settings.shutdown_bound;
+        let releases = leases.iter().map(|lease| async move {
+            lease.lost.cancel();
+            let res =
+                tokio::time::timeout(bound, self.inner.backend.release(&lease.key, &lease.token))
+                    .await;
+            if matches!(res, Ok(Ok(_))) {
+                lease.released.store(true, Ordering::Release);
+                self.wake(&lease.key.tag);
+            }
+            lease.leave_turn();
+        });
+        futures_util::future::join_all(releases).await;
+        tracing::debug!(released = leases.len(), "locker shut down");
     }
 
     pub(crate) fn note_held(&self) {

@@ -43,6 +43,7 @@ pub struct LockOptions {
     pub(crate) watchdog: bool,
     pub(crate) on_lost: OnLost,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) min_hold: Option<Duration>,
 }
 
 impl Default for LockOptions {
@@ -65,6 +66,7 @@ impl LockOptions {
             watchdog: true,
             on_lost: OnLost::Cancel,
             max_hold: None,
+            min_hold: None,
         }
     }
 
@@ -141,6 +143,26 @@ impl LockOptions {
     pub const fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self
+    }
+
+    /// Shortest time the lock stays taken: a release sooner than `min_hold` after the lock was
+    /// acquired keeps it (owner-checked) until then, so a job that runs "once per tick" on
+    /// several instances runs once per tick, not once per instance (ShedLock's
+    /// `lockAtLeastFor`). The holder's part ends at the release as usual.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let opts = lockrt::LockOptions::new().wait(Duration::ZERO).min_hold(Duration::from_secs(1));
+    /// # assert_eq!(opts.get_min_hold(), Some(Duration::from_secs(1)));
+    /// ```
+    pub const fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
+        self
+    }
+
+    /// The minimum hold set here, if any.
+    pub const fn get_min_hold(&self) -> Option<Duration> {
+        self.min_hold
     }
 
     /// The holding bound set here, if any.
