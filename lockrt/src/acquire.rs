@@ -297,8 +297,7 @@ impl<'a> Acquisition<'a> {
     }
 
     fn failed(&self, e: BackendError) -> LockError {
-        // Returned to the caller, who decides how loud it is.
-        tracing::debug!(key = ?&*self.key.user, error = %e, "acquire failed");
+        tracing::warn!(key = ?&*self.key.user, error = %e, "acquire failed");
         e.into()
     }
 
@@ -408,7 +407,8 @@ impl<'a> Acquisition<'a> {
     }
 
     fn timeout(&self, why: &str) -> LockError {
-        tracing::debug!(key = ?&*self.key.user, outcome = "timeout", why, "acquire");
+        // INFO: a busy lock is an ordinary outcome, but one an operator wants to see.
+        tracing::info!(key = ?&*self.key.user, waited_ms = self.start.elapsed().as_millis() as u64, why, "lock wait elapsed");
         LockError::Timeout {
             key: self.key.user.to_string(),
             waited: self.start.elapsed(),

@@ -13,6 +13,8 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::Poll;
 
+use tracing::Instrument;
+
 use crate::LockError;
 use crate::backend::Released;
 use crate::context;
@@ -116,7 +118,7 @@ impl Locker {
     ) -> Result<F::Output, LockError> {
         // Boxed at once: in debug builds every move of a deeply nested body future is a copy
         // on the stack, and nested sections would otherwise overflow it.
-        self.section(key.as_ref(), opts, Box::pin(fut))
+        self.traced(key.as_ref(), opts, Box::pin(fut))
             .await?
             .into_result()
     }
@@ -142,7 +144,27 @@ impl Locker {
         opts: LockOptions,
         fut: F,
     ) -> Result<Checked<F::Output>, LockError> {
-        self.section(key.as_ref(), opts, Box::pin(fut)).await
+        self.traced(key.as_ref(), opts, Box::pin(fut)).await
+    }
+
+    /// The section inside its `lock` span, with the outcome recorded on it.
+    async fn traced<F: Future>(
+        &self,
+        key: &str,
+        opts: LockOptions,
+        fut: Pin<Box<F>>,
+    ) -> Result<Checked<F::Output>, LockError> {
+        let span = section_span(key, &opts);
+        let res = self.section(key, opts, fut).instrument(span.clone()).await;
+        let outcome = match &res {
+            Ok(c) if c.lost => "lost",
+            Ok(_) => "released",
+            Err(LockError::Timeout { .. }) => "timeout",
+            Err(LockError::Lost { .. }) => "lost",
+            Err(_) => "error",
+        };
+        span.record("outcome", outcome);
+        res
     }
 
     async fn section<F: Future>(
@@ -162,7 +184,11 @@ impl Locker {
                 .await
                 .map(checked);
         }
+        let started = tokio::time::Instant::now();
         let guard = self.acquire(key, opts).await?;
+        let span = tracing::Span::current();
+        span.record("fence", guard.fence());
+        span.record("waited_ms", started.elapsed().as_millis() as u64);
         let held = HeldLock {
             locker_id: self.inner.id,
             key: Arc::from(key),
@@ -181,6 +207,22 @@ impl Locker {
         }
         Ok(checked((output, lost)))
     }
+}
+
+/// The `lock` span around acquisition and body: the key, the options, and once known the
+/// fence, the time waited and the outcome (`released`, `lost`, `timeout`, `error`). Events of
+/// the body and of lockrt itself are inside it, whatever order `#[instrument]` and
+/// `#[distributed_lock]` are written in.
+fn section_span(key: &str, opts: &LockOptions) -> tracing::Span {
+    tracing::info_span!(
+        "lock",
+        key = ?key,
+        ttl = ?opts.ttl,
+        wait = ?opts.wait,
+        fence = tracing::field::Empty,
+        waited_ms = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    )
 }
 
 /// Runs `body` while `lease` holds. Before every poll of the body the lease is checked on the
