@@ -51,6 +51,7 @@ pub struct LockerBuilder {
     connect_timeout: Duration,
     response_timeout: Duration,
     fence_retention: Duration,
+    service_name: Option<String>,
 }
 
 impl fmt::Debug for LockerBuilder {
@@ -80,6 +81,7 @@ impl Default for LockerBuilder {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
             fence_retention: DEFAULT_FENCE_RETENTION,
+            service_name: None,
         }
     }
 }
@@ -256,6 +258,23 @@ impl LockerBuilder {
         self
     }
 
+    /// The service name recorded beside every lock this locker holds (what `lockctl list`
+    /// shows as `service@host`). Default: the executable's file name.
+    ///
+    /// ```
+    /// let builder = lockrt::Locker::builder().service_name("billing");
+    /// # let _ = builder;
+    /// ```
+    pub fn service_name(mut self, name: impl Into<String>) -> Self {
+        self.service_name = Some(name.into());
+        self
+    }
+
+    /// This locker's owner record text (`crate::inspect::owner_text`).
+    fn owner(&self, settings: &Settings) -> String {
+        crate::inspect::owner_text(self.service_name.as_deref(), settings.instance_id)
+    }
+
     fn settings(&self) -> Result<Settings, LockError> {
         validate_prefix(&self.prefix)?;
         if self.default_ttl.is_zero()
@@ -276,6 +295,7 @@ impl LockerBuilder {
                 .timeouts()
                 .connect
                 .saturating_add(self.timeouts().response),
+            instance_id: uuid::Uuid::new_v4(),
         })
     }
 
@@ -306,6 +326,7 @@ impl LockerBuilder {
                 .fence_retention
                 .clamp(Duration::from_millis(1), MAX_TTL),
             sync: self.sync,
+            owner: self.owner(&settings),
         })
         .await?;
         Ok(Locker::from_parts(settings, Backend::Redis(backend)))
@@ -412,6 +433,7 @@ impl Locker {
             .settings()
             .or_else(|_| LockerBuilder::default().settings())
             .expect("the default settings are valid");
-        Locker::from_parts(settings, Backend::Memory(MemoryBackend::default()))
+        let owner = builder.owner(&settings);
+        Locker::from_parts(settings, Backend::Memory(MemoryBackend::with_owner(owner)))
     }
 }

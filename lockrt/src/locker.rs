@@ -55,6 +55,8 @@ pub(crate) struct Settings {
     pub(crate) safety_margin: Duration,
     /// Longest time `shutdown` waits for one release.
     pub(crate) shutdown_bound: Duration,
+    /// This locker's identity in owner records (`Locker::instance_id`).
+    pub(crate) instance_id: uuid::Uuid,
 }
 
 pub(crate) struct Inner {
@@ -152,6 +154,17 @@ impl Locker {
     /// ```
     pub fn redis_key(&self, key: &str) -> Result<String, LockError> {
         Ok(LockKey::new(self.prefix(), key)?.lock().to_owned())
+    }
+
+    /// This locker's instance id: a random UUID (v4) made when it was built, recorded beside
+    /// every lock it holds (see [`LockInfo`](crate::LockInfo)). Clones share it.
+    ///
+    /// ```
+    /// let locker = lockrt::Locker::in_memory();
+    /// assert_eq!(locker.instance_id(), locker.clone().instance_id());
+    /// ```
+    pub fn instance_id(&self) -> uuid::Uuid {
+        self.inner.settings.instance_id
     }
 
     /// Current counters.

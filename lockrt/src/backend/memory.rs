@@ -17,6 +17,8 @@ struct Held {
     token: Token,
     fence: u64,
     expires: Instant,
+    /// The holder's identity as the Redis owner key holds it: `<acquired-at ms>|<owner>`.
+    owner: Box<str>,
 }
 
 #[derive(Default)]
@@ -35,6 +37,8 @@ pub(crate) struct MemoryBackend {
     /// The waiting side of every locker on this lock space, told of each release (what
     /// Redis pub/sub does across processes).
     peers: Mutex<Vec<Weak<dyn Events>>>,
+    /// The identity written beside each lock taken here (every peer shares it).
+    owner: String,
 }
 
 impl MemoryBackend {
@@ -42,6 +46,14 @@ impl MemoryBackend {
         // A panic while holding this mutex cannot leave the map half-updated (single inserts and
         // removes), so a poisoned lock is safe to keep using.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A lock space whose locks record `owner` as their holder.
+    pub(crate) fn with_owner(owner: String) -> MemoryBackend {
+        MemoryBackend {
+            owner,
+            ..MemoryBackend::default()
+        }
     }
 
     pub(crate) fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Attempt {
@@ -71,6 +83,7 @@ impl MemoryBackend {
                 token: *token,
                 fence,
                 expires: now + ttl,
+                owner: format!("{}|{}", wall_ms(), self.owner).into(),
             },
         );
         Attempt::Acquired { fence }
@@ -130,6 +143,43 @@ impl MemoryBackend {
         }
     }
 
+    /// One live lock: (fence, remaining lease, owner text).
+    pub(crate) fn inspect(&self, lock: &str) -> Option<(u64, Duration, String)> {
+        let now = Instant::now();
+        self.state()
+            .locks
+            .get(lock)
+            .filter(|h| h.expires > now)
+            .map(|h| (h.fence, h.expires - now, h.owner.to_string()))
+    }
+
+    /// Live lock names matching `pattern` (`*` and `?` globs), sorted.
+    pub(crate) fn scan(&self, pattern: &str) -> Vec<String> {
+        let now = Instant::now();
+        let mut out: Vec<String> = self
+            .state()
+            .locks
+            .iter()
+            .filter(|(k, h)| h.expires > now && crate::inspect::glob(pattern, k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Removes the lock whoever holds it; its holder's next renewal reports it lost.
+    pub(crate) fn force_release(&self, key: &LockKey) -> bool {
+        let now = Instant::now();
+        let freed = {
+            let mut st = self.state();
+            st.locks.remove(key.lock()).is_some_and(|h| h.expires > now)
+        };
+        if freed {
+            self.announce(&key.tag);
+        }
+        freed
+    }
+
     /// Remaining lease of a lock, for tests and introspection.
     pub(crate) fn pttl(&self, lock: &str) -> Option<Duration> {
         let now = Instant::now();
@@ -139,6 +189,13 @@ impl MemoryBackend {
             .filter(|h| h.expires > now)
             .map(|h| h.expires - now)
     }
+}
+
+/// The wall clock in ms since the Unix epoch (the owner record's acquired-at).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

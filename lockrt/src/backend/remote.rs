@@ -54,6 +54,20 @@ fn lua(body: &str) -> Lua {
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/acquire.lua")));
 static RENEW: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/renew.lua")));
 static RELEASE: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/release.lua")));
+static INSPECT: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/inspect.lua")));
+/// Force-unlock: finds the holder's token, then runs release.lua's logic for it.
+static FORCE: LazyLock<Lua> = LazyLock::new(|| {
+    lua(&[
+        include_str!("../scripts/force.lua"),
+        include_str!("../scripts/release.lua"),
+    ]
+    .concat())
+});
+
+/// `{lock}:owner`, the holder's identity beside lock `lock` (same slot, same PTTL).
+pub(crate) fn owner_key(lock: &str) -> String {
+    format!("{{{lock}}}:owner")
+}
 
 /// One script call: its keys, and its arguments after the request id.
 struct Call<K, A> {
@@ -104,6 +118,8 @@ pub(crate) struct Settings {
     pub(crate) timeouts: Timeouts,
     pub(crate) fence_retention: Duration,
     pub(crate) sync: Option<SyncReplicas>,
+    /// This locker's identity, written beside every lock it takes (`crate::inspect`).
+    pub(crate) owner: String,
 }
 
 /// The command connection in use, its generation (so that a request that found it broken
@@ -211,6 +227,7 @@ pub(crate) struct RedisBackend {
     sync: Option<SyncReplicas>,
     link: Arc<Link>,
     subscriber: Subscriber,
+    owner: String,
 }
 
 impl RedisBackend {
@@ -223,6 +240,7 @@ impl RedisBackend {
             timeouts,
             fence_retention,
             sync,
+            owner,
         } = settings;
         let shown = topology_for_messages(&topology);
         let connector = Connector::new(topology.clone(), &tls, timeouts).map_err(|e| {
@@ -269,6 +287,7 @@ impl RedisBackend {
             sync,
             link,
             subscriber,
+            owner,
         };
         let (mut conn, _) = backend.conn().await?;
         backend.check_version(&mut conn).await?;
@@ -481,20 +500,23 @@ impl RedisBackend {
         let (register, grant) =
             queue.map_or((0, 0), |q| (millis(q.register), millis(q.grant_lease)));
         let retention = millis(self.fence_retention);
+        let owner = owner_key(key.lock());
         let call = Call {
-            nkeys: 4,
+            nkeys: 5,
             keys: |c: &mut Cmd| {
                 c.arg(key.lock())
                     .arg(key.fence())
                     .arg(key.queue())
-                    .arg(key.waiters());
+                    .arg(key.waiters())
+                    .arg(&owner);
             },
             args: |c: &mut Cmd| {
                 c.arg(token.as_str())
                     .arg(millis(ttl))
                     .arg(retention)
                     .arg(register)
-                    .arg(grant);
+                    .arg(grant)
+                    .arg(&self.owner);
             },
         };
         let reply = match self.invoke(&ACQUIRE, true, call).await {
@@ -548,10 +570,13 @@ impl RedisBackend {
 
     async fn renew_one_call(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {
         let call = Call {
-            nkeys: batch.len(),
+            nkeys: 2 * batch.len(),
             keys: |c: &mut Cmd| {
                 for r in batch {
                     c.arg(r.lock);
+                }
+                for r in batch {
+                    c.arg(owner_key(r.lock));
                 }
             },
             args: |c: &mut Cmd| {
@@ -578,26 +603,136 @@ impl RedisBackend {
         key: &LockKey,
         token: &Token,
     ) -> Result<Released, BackendError> {
+        self.release_as(key, Some(token)).await
+    }
+
+    /// release.lua for `token`, or force.lua (for whichever token holds the lock) with `None`.
+    async fn release_as(
+        &self,
+        key: &LockKey,
+        token: Option<&Token>,
+    ) -> Result<Released, BackendError> {
         let retention = millis(self.fence_retention);
+        let owner = owner_key(key.lock());
         let call = Call {
-            nkeys: 4,
+            nkeys: 5,
             keys: |c: &mut Cmd| {
                 c.arg(key.lock())
                     .arg(key.fence())
                     .arg(key.queue())
-                    .arg(key.waiters());
+                    .arg(key.waiters())
+                    .arg(&owner);
             },
             args: |c: &mut Cmd| {
-                c.arg(token.as_str()).arg(key.channel()).arg(retention);
+                c.arg(token.map_or("", Token::as_str))
+                    .arg(key.channel())
+                    .arg(retention);
             },
         };
-        let reply = ints(&self.invoke(&RELEASE, false, call).await?);
+        let script = if token.is_some() { &*RELEASE } else { &*FORCE };
+        let reply = ints(&self.invoke(script, false, call).await?);
         Ok(match reply.first() {
             Some(0) => Released::NotOwner,
             Some(2) => Released::HandedOver,
             _ => Released::Freed,
         })
     }
+}
+
+impl RedisBackend {
+    /// Releases `key` whoever holds it, as its holder's release would (hand-over included).
+    pub(crate) async fn force_release(&self, key: &LockKey) -> Result<Released, BackendError> {
+        self.release_as(key, None).await
+    }
+
+    /// The raw state of one lock, read by inspect.lua.
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<RawLock, BackendError> {
+        let owner = owner_key(key.lock());
+        let call = Call {
+            nkeys: 4,
+            keys: |c: &mut Cmd| {
+                c.arg(key.lock())
+                    .arg(&owner)
+                    .arg(key.queue())
+                    .arg(key.waiters());
+            },
+            args: |_: &mut Cmd| {},
+        };
+        let reply = self.invoke(&INSPECT, false, call).await?;
+        let text = |i: usize| match reply.get(i) {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => String::new(),
+        };
+        let int = |i: usize| match reply.get(i) {
+            Some(Value::Int(n)) => *n,
+            _ => -1,
+        };
+        Ok(RawLock {
+            value: text(0),
+            pttl: int(1),
+            owner: text(2),
+            waiters: int(3),
+        })
+    }
+
+    /// Lock keys matching `pattern` (a `SCAN MATCH` glob over full Redis names), at most
+    /// `limit`. Standalone and Sentinel only: a cluster would need a scan of every master.
+    pub(crate) async fn scan(
+        &self,
+        pattern: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, BackendError> {
+        if self.connector.is_cluster() {
+            return Err(BackendError::new(
+                self.addr.clone(),
+                "listing locks is not supported on a Redis Cluster yet",
+            )
+            .with_hint("inspect a lock by its key (lock_info / `lockctl show KEY`) instead")
+            .permanent());
+        }
+        let (mut conn, generation) = self.conn().await?;
+        let mut cursor: u64 = 0;
+        let mut out = Vec::new();
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(500);
+            let reply: Result<(u64, Vec<String>), RedisError> = cmd.query_async(&mut conn).await;
+            let (next, keys) = match reply {
+                Ok(r) => r,
+                Err(e) => {
+                    self.after_failure(generation, &e);
+                    return Err(self.error(&e));
+                }
+            };
+            // Auxiliary names (`{lock}:…`) carry braces; lock keys never do.
+            out.extend(keys.into_iter().filter(|k| !k.contains(['{', '}'])));
+            cursor = next;
+            if cursor == 0 || out.len() >= limit {
+                break;
+            }
+        }
+        out.sort();
+        out.dedup();
+        out.truncate(limit);
+        Ok(out)
+    }
+}
+
+/// One lock as inspect.lua reads it.
+#[derive(Debug, Clone)]
+pub(crate) struct RawLock {
+    /// `<token>:<fence>`, empty when free.
+    pub(crate) value: String,
+    /// `PTTL` of the lock key (negative when absent or without expiry).
+    pub(crate) pttl: i64,
+    /// `<acquired-at ms>|<service>|<host>|<pid>|<instance id>`, empty when absent.
+    pub(crate) owner: String,
+    pub(crate) waiters: i64,
 }
 
 /// Errors after which the connection can't be trusted to pair replies with requests, or

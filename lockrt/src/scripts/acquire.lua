@@ -15,11 +15,13 @@
 -- to ARGV[2] with a fence not above a known counter is stale (its lease ran out before this
 -- call, or this call would have found ARGV[2] holding the lock), and with the counter unknown
 -- a grant must be confirmed by another call.
+-- KEYS[5] (optional): the owner key `{lock}:owner`; ARGV[7] the acquirer's identity, kept there
+-- (see `take_lock`) and, while it waits, in KEYS[4] under field "o:<token>" for a hand-over.
 -- The uncontended path (free, nobody queued) makes only EXISTS, INCR and SET.
 local token = ARGV[2]
 
 if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
-  return {rid, 1, (take_lock(token, ARGV[3], ARGV[4]))}
+  return {rid, 1, (take_lock(token, ARGV[3], ARGV[4], ARGV[7]))}
 end
 
 local function counter()
@@ -33,6 +35,7 @@ local function enqueue()
     redis.call('ZADD', KEYS[3], now_us(), token)
   end
   redis.call('HSET', KEYS[4], token, string.format('%.0f', now_ms() + reg) .. ':' .. ARGV[6])
+  if KEYS[5] then redis.call('HSET', KEYS[4], 'o:' .. token, owner_text(ARGV[7])) end
   redis.call('PEXPIRE', KEYS[3], reg * 2)
   redis.call('PEXPIRE', KEYS[4], reg * 2)
 end
@@ -41,6 +44,7 @@ local cur = redis.call('GET', KEYS[1])
 if cur then
   if owns(cur, token) then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    if KEYS[5] then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
     return {rid, 1, tonumber(string.sub(cur, 34))}
   end
   enqueue()
@@ -63,11 +67,11 @@ for _ = 1, 64 do
     break
   end
   redis.call('ZREM', KEYS[3], head)
-  redis.call('HDEL', KEYS[4], head)
+  redis.call('HDEL', KEYS[4], head, 'o:' .. head)
 end
 if queued then
   redis.call('ZREM', KEYS[3], token)
-  redis.call('HDEL', KEYS[4], token)
+  redis.call('HDEL', KEYS[4], token, 'o:' .. token)
 end
 
-return {rid, 1, (take_lock(token, ARGV[3], ARGV[4]))}
+return {rid, 1, (take_lock(token, ARGV[3], ARGV[4], ARGV[7]))}

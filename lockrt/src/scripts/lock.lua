@@ -19,12 +19,22 @@ local function owns(cur, token)
   return type(cur) == 'string' and string.sub(cur, 1, 32) == token
 end
 
+-- A holder's identity as the client sent it ("<service>|<host>|<pid>|<instance id>"), cut to
+-- 256 bytes so the owner key's size is bounded whatever a client sends; '?' when unknown.
+local function owner_text(owner)
+  if type(owner) ~= 'string' or owner == '' then return '?' end
+  return string.sub(owner, 1, 256)
+end
+
 -- Gives lock KEYS[1] to `holder` for `lease` ms with the next fence from counter KEYS[2];
 -- returns the fence and its decimal text. A live counter increments; a new one starts at the
 -- server time in µs, above any fence an expired counter can have issued (it grew by at most
 -- one per acquisition). The counter's lifetime is one rule for every script: `retention` ms,
 -- and never less than twice the lease, so it outlives the lock it fences.
-local function take_lock(holder, lease, retention)
+--
+-- With KEYS[5] (`{lock}:owner`), the holder's identity goes beside the lock with the same PTTL:
+-- "<acquired-at server ms>|<owner>", where `owner` is the client's text (see `owner_text`).
+local function take_lock(holder, lease, retention, owner)
   local fence = redis.call('INCR', KEYS[2])
   if fence == 1 then
     fence = now_us()
@@ -34,6 +44,9 @@ local function take_lock(holder, lease, retention)
   -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
   local text = string.format('%.0f', fence)
   redis.call('SET', KEYS[1], holder .. ':' .. text, 'PX', lease)
+  if KEYS[5] then
+    redis.call('SET', KEYS[5], string.format('%.0f', now_ms()) .. '|' .. owner_text(owner), 'PX', lease)
+  end
   return fence, text
 end
 

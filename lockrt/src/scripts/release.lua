@@ -9,6 +9,8 @@
 -- no waiter to wake (one whose registration went stale still retries on its own timer).
 -- PUBLISH may be denied (an ACL without channel rights): the release and hand-over have
 -- happened by then and stand; waiters fall back to their timed retry.
+-- KEYS[5] (optional): the owner key, deleted with the lock; a hand-over writes the waiter's
+-- identity (field "o:<token>" of KEYS[4]) there.
 -- Never deletes another owner's lock. Returns {rid, n}: n = 0 if ARGV[2] did not hold the
 -- lock, 1 if it was released, 2 if it was released and handed to a waiter.
 local token = ARGV[2]
@@ -16,10 +18,11 @@ local cur = redis.call('GET', KEYS[1])
 if not owns(cur, token) then
   -- Not the holder: a waiter that gave up, or a late release. Only its queue place goes.
   redis.call('ZREM', KEYS[3], token)
-  redis.call('HDEL', KEYS[4], token)
+  redis.call('HDEL', KEYS[4], token, 'o:' .. token)
   return {rid, 0}
 end
 redis.call('DEL', KEYS[1])
+if KEYS[5] then redis.call('DEL', KEYS[5]) end
 
 local queued = false
 for _ = 1, 64 do
@@ -27,12 +30,13 @@ for _ = 1, 64 do
   if not head then break end
   queued = true
   local info = redis.call('HGET', KEYS[4], head)
+  local who = redis.call('HGET', KEYS[4], 'o:' .. head)
   redis.call('ZREM', KEYS[3], head)
-  redis.call('HDEL', KEYS[4], head)
+  redis.call('HDEL', KEYS[4], head, 'o:' .. head)
   local expiry, lease = string.match(info or '', '^(%d+):(%d+)$')
   -- A holder leaves the queue when it takes the lock; never hand the lock back to it.
   if head ~= token and expiry and tonumber(expiry) > now_ms() then
-    local _, f = take_lock(head, lease, ARGV[4])
+    local _, f = take_lock(head, lease, ARGV[4], who)
     redis.pcall('PUBLISH', ARGV[3], 'g:' .. head .. ':' .. f)
     return {rid, 2}
   end

@@ -1,0 +1,255 @@
+//! `lockctl`: inspect and operate lockrt's locks on a Redis server.
+//!
+//! ```text
+//! lockctl --url redis://host:6379/ [--prefix lock:] list [PATTERN]
+//! lockctl --url ... show KEY
+//! lockctl --url ... unlock --force KEY
+//! lockctl --url ... watch [PATTERN] [--interval 1s] [--count N]
+//! ```
+//!
+//! One line per lock: key, holder (`service@host pid`), remaining lease, fence, waiters. The
+//! URL may also come from `LOCKCTL_URL` or `REDIS_URL`; it is never printed with its password.
+//! `list` and `watch` scan keys and are not available on a Redis Cluster (use `show`).
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use lockrt::{LockInfo, Locker};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "lockctl",
+    version,
+    about = "Inspect and operate lockrt's Redis locks"
+)]
+struct Cli {
+    /// Redis URL (redis://, rediss://, redis+cluster://, redis+sentinel://); default
+    /// `LOCKCTL_URL`, then `REDIS_URL`.
+    #[arg(long)]
+    url: Option<String>,
+    /// The lockers' key prefix.
+    #[arg(long, default_value = "lock:")]
+    prefix: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Held locks whose keys match PATTERN (a Redis glob, default all), one per line.
+    List {
+        /// A glob over the user keys (without the prefix).
+        #[arg(default_value = "*")]
+        pattern: String,
+    },
+    /// One lock, with every field of its owner record.
+    Show {
+        /// The lock's key (without the prefix).
+        key: String,
+    },
+    /// Removes a lock whoever holds it: the holder notices within its renewal interval and
+    /// the longest waiter gets the lock at once.
+    Unlock {
+        /// Required: this breaks the holder's mutual exclusion.
+        #[arg(long)]
+        force: bool,
+        /// The lock's key (without the prefix).
+        key: String,
+    },
+    /// Prints locks that appear, change holder or go, every interval.
+    Watch {
+        /// A glob over the user keys (without the prefix).
+        #[arg(default_value = "*")]
+        pattern: String,
+        /// Time between two looks: "1s", "500ms", "2m".
+        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        interval: Duration,
+        /// Stop after this many looks (default: until Ctrl-C).
+        #[arg(long)]
+        count: Option<u64>,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("lockctl: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, String> {
+    let url = cli
+        .url
+        .or_else(|| std::env::var("LOCKCTL_URL").ok())
+        .or_else(|| std::env::var("REDIS_URL").ok())
+        .ok_or("no Redis URL: pass --url redis://host:6379/ (or set LOCKCTL_URL)")?;
+    let locker = Locker::builder()
+        .url(url.clone())
+        .prefix(cli.prefix)
+        .service_name("lockctl")
+        .build()
+        .await
+        .map_err(|e| format!("cannot connect to {}: {e}", redact(&url)))?;
+    match cli.command {
+        Command::List { pattern } => {
+            let locks = locker.locks(&pattern).await.map_err(|e| e.to_string())?;
+            print_header();
+            for l in &locks {
+                println!("{}", line(l));
+            }
+        }
+        Command::Show { key } => {
+            let Some(l) = locker.lock_info(&key).await.map_err(|e| e.to_string())? else {
+                println!("{key}: not held");
+                return Ok(ExitCode::from(1));
+            };
+            print_header();
+            println!("{}", line(&l));
+            println!("redis key:   {}", l.redis_key);
+            if let Some(h) = &l.holder {
+                println!("service:     {}", h.service);
+                println!("host:        {}", h.host);
+                println!("pid:         {}", h.pid);
+                println!("instance id: {}", h.instance_id);
+                println!("acquired at: {} ms since the epoch", h.acquired_at_ms);
+            }
+        }
+        Command::Unlock { force, key } => {
+            if !force {
+                return Err(format!(
+                    "refusing to unlock {key} without --force: its holder may still be working"
+                ));
+            }
+            if locker.force_unlock(&key).await.map_err(|e| e.to_string())? {
+                println!("{key}: unlocked");
+            } else {
+                println!("{key}: not held");
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Command::Watch {
+            pattern,
+            interval,
+            count,
+        } => watch(&locker, &pattern, interval, count).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints `+` for a lock that appeared or changed holder (new fence), `-` for one that went.
+async fn watch(
+    locker: &Locker,
+    pattern: &str,
+    interval: Duration,
+    count: Option<u64>,
+) -> Result<(), String> {
+    let mut seen: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    let mut round = 0;
+    print_header();
+    loop {
+        let locks = locker.locks(pattern).await.map_err(|e| e.to_string())?;
+        let now: BTreeMap<String, Option<u64>> =
+            locks.iter().map(|l| (l.key.clone(), l.fence)).collect();
+        for l in &locks {
+            if seen.get(&l.key) != Some(&l.fence) {
+                println!("+ {}", line(l));
+            }
+        }
+        for key in seen.keys().filter(|k| !now.contains_key(*k)) {
+            println!("- {key}");
+        }
+        seen = now;
+        round += 1;
+        if count.is_some_and(|n| round >= n) {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+fn print_header() {
+    println!(
+        "{:<32} {:<40} {:>10} {:>20} {:>7}",
+        "KEY", "HOLDER", "LEASE", "FENCE", "WAITERS"
+    );
+}
+
+/// `key holder lease fence waiters`, aligned like the header.
+fn line(l: &LockInfo) -> String {
+    let holder = l
+        .holder
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), ToString::to_string);
+    let lease = l
+        .remaining
+        .map_or_else(|| "-".to_owned(), |d| format!("{}ms", d.as_millis()));
+    let fence = l.fence.map_or_else(|| "-".to_owned(), |f| f.to_string());
+    format!(
+        "{:<32} {:<40} {:>10} {:>20} {:>7}",
+        l.key, holder, lease, fence, l.waiters
+    )
+}
+
+/// `500ms`, `1s`, `2m`, `1h`, or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("not a duration: {s:?}"))?;
+    let ms = match unit {
+        "ms" => n,
+        "" | "s" => n.saturating_mul(1_000),
+        "m" => n.saturating_mul(60_000),
+        "h" => n.saturating_mul(3_600_000),
+        _ => return Err(format!("unknown unit in {s:?}: use ms, s, m or h")),
+    };
+    Ok(Duration::from_millis(ms))
+}
+
+/// `url` with any password replaced by `***` (`redis://user:***@host/`).
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (auth, hosts) = match rest.split_once('/') {
+        Some((a, path)) => (a, format!("/{path}")),
+        None => (rest, String::new()),
+    };
+    match auth.rsplit_once('@') {
+        Some((cred, host)) => {
+            let user = cred.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}{hosts}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("redis://:secret@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("redis://h:1/"), "redis://h:1/");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("1x").is_err());
+    }
+}
