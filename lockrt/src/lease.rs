@@ -209,12 +209,18 @@ impl State {
     /// deadline.
     fn retry_later(&mut self, now: Instant) {
         self.failures = self.failures.saturating_add(1);
-        let base = (self.info.ttl / 30).clamp(RETRY_MIN, RETRY_MAX);
-        let backoff = base
-            .saturating_mul(1 << self.failures.min(8))
-            .min(RETRY_MAX);
-        let left = self.info.deadline().saturating_duration_since(now);
-        self.next_renew = now + backoff.min(left / 2).max(RETRY_MIN);
+        // The first retry goes at once (one lost reply or a replaced connection must not cost
+        // the lease); from the second on, exponential backoff, always before the deadline.
+        if self.failures == 1 {
+            self.next_renew = now;
+        } else {
+            let base = (self.info.ttl / 30).clamp(RETRY_MIN, RETRY_MAX);
+            let backoff = base
+                .saturating_mul(1 << (self.failures - 1).min(8))
+                .min(RETRY_MAX);
+            let left = self.info.deadline().saturating_duration_since(now);
+            self.next_renew = now + backoff.min(left / 2).max(RETRY_MIN);
+        }
         // A retry waits its backoff: it does not join an earlier batch.
         self.window = Duration::ZERO;
     }
