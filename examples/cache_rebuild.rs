@@ -8,16 +8,18 @@
 //! 50 concurrent readers over 3 `Locker`s (three connections, as three service instances would
 //! have) hit a cold cache. A reader that misses calls the annotated `rebuild`, which checks the
 //! cache again once it holds the lock: whoever rebuilt before it has already filled it. The slow
-//! loader runs once. Uses `REDIS_URL`, or a throwaway `redis-server` when that is unset.
+//! loader runs once. The lockers come from configuration (`LockerBuilder::from_env`: `LOCKRT_URL`
+//! or `REDIS_URL`, ...); without one the example runner starts a throwaway `redis-server`.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use lockrt::testing::LocalRedis;
-use lockrt::{LockError, Locker, distributed_lock};
+use lockrt::{LockError, Locker, LockerBuilder, distributed_lock};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
+
+mod runner;
 
 const READERS: usize = 50;
 const LOCKERS: usize = 3;
@@ -97,7 +99,8 @@ async fn rebuild(
 }
 
 async fn run() -> Result<bool, String> {
-    let redis = LocalRedis::from_env_or_start().map_err(|e| e.to_string())?;
+    // Example runner only: the configured Redis, or a throwaway one.
+    let redis = runner::DevRedis::configured_or_start().map_err(|e| e.to_string())?;
     let client = redis::Client::open(redis.url()).map_err(|e| e.to_string())?;
     let mut conn = client
         .get_connection_manager()
@@ -111,11 +114,10 @@ async fn run() -> Result<bool, String> {
 
     let mut lockers = Vec::new();
     for _ in 0..LOCKERS {
-        lockers.push(
-            Locker::connect(redis.url())
-                .await
-                .map_err(|e| e.to_string())?,
-        );
+        // What a service writes: the locker from its configuration.
+        let config = LockerBuilder::from_env().map_err(|e| e.to_string())?;
+        let config = redis.apply(config); // example runner only
+        lockers.push(config.build().await.map_err(|e| e.to_string())?);
     }
     let started = Instant::now();
     let readers: Vec<_> = (0..READERS)

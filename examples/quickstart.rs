@@ -2,14 +2,19 @@
 //! time across every process that shares the Redis.
 //!
 //! ```sh
-//! cargo run --example quickstart     # REDIS_URL, or a throwaway redis-server when unset
+//! cargo run --example quickstart     # LOCKRT_URL / REDIS_URL, or a throwaway redis-server
 //! ```
+//!
+//! The locker comes from configuration, as in a service (`LockerBuilder::from_env`, README
+//! "Configuration"); the throwaway server is the example runner's convenience (`runner`).
 
 use std::sync::OnceLock;
 
-use lockrt::{LockError, Locker, distributed_lock};
+use lockrt::{LockError, LockerBuilder, distributed_lock};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
+
+mod runner;
 
 #[derive(Debug)]
 enum AppError {
@@ -65,8 +70,13 @@ async fn deduct(id: u64, qty: u32) -> Result<u32, AppError> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let redis = lockrt::testing::LocalRedis::from_env_or_start()?;
-    lockrt::set_default(Locker::connect(redis.url()).await?);
+    // Example runner only: the configured Redis, or a throwaway one.
+    let redis = runner::DevRedis::configured_or_start()?;
+
+    // What a service writes: the locker from its configuration (LOCKRT_URL or REDIS_URL, ...).
+    let config = LockerBuilder::from_env()?;
+    let config = redis.apply(config); // example runner only
+    lockrt::set_default(config.build().await?);
     let _ = STORE.set(
         redis::Client::open(redis.url())?
             .get_connection_manager()

@@ -8,17 +8,19 @@
 //! cargo run --release --example seckill -- --stock 100 --buyers 1000 --procs 4 --work-ms 1
 //! ```
 //!
-//! Uses the Redis at `REDIS_URL`, or starts a throwaway `redis-server` when that is unset. The
+//! Each process builds its locker from configuration (`LockerBuilder::from_env`: `LOCKRT_URL` or
+//! `REDIS_URL`, ...); without one the example runner starts a throwaway `redis-server`. The
 //! parent seeds the stock, spawns `--procs` copies of itself (each one a separate `Locker`, as
 //! separate service instances would be), and sums up what they sold.
 
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use lockrt::testing::LocalRedis;
-use lockrt::{LockError, Locker, distributed_lock};
+use lockrt::{LockError, Locker, LockerBuilder, distributed_lock};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
+
+mod runner;
 
 const ITEM: u64 = 1;
 const USAGE: &str = "usage: seckill [--stock N] [--buyers N] [--procs N] [--work-ms N] [--no-lock]";
@@ -183,7 +185,12 @@ impl Tally {
 
 /// A child process: its share of the buyers, all at once, on one `Locker`.
 async fn buy(cfg: &Config, url: &str) -> Result<Tally, String> {
-    let locker = Locker::connect(url).await.map_err(|e| e.to_string())?;
+    // What a service writes: the locker from its configuration (LOCKRT_URL, set by the parent).
+    let locker = LockerBuilder::from_env()
+        .map_err(|e| e.to_string())?
+        .build()
+        .await
+        .map_err(|e| e.to_string())?;
     let client = redis::Client::open(url).map_err(|e| e.to_string())?;
     let conn = client
         .get_connection_manager()
@@ -222,7 +229,8 @@ async fn buy(cfg: &Config, url: &str) -> Result<Tally, String> {
 
 /// The parent: seed, spawn the buyer processes, add up, report.
 async fn sale(cfg: &Config) -> Result<bool, String> {
-    let redis = LocalRedis::from_env_or_start().map_err(|e| e.to_string())?;
+    // Example runner only: the configured Redis, or a throwaway one.
+    let redis = runner::DevRedis::configured_or_start().map_err(|e| e.to_string())?;
     let client = redis::Client::open(redis.url()).map_err(|e| e.to_string())?;
     let mut conn = client
         .get_multiplexed_async_connection()
@@ -245,6 +253,7 @@ async fn sale(cfg: &Config) -> Result<bool, String> {
             .args(["--work-ms", &cfg.work.as_millis().to_string()])
             .args(if cfg.lock { None } else { Some("--no-lock") })
             // The URL may hold a password: the environment keeps it out of `ps`.
+            .env("LOCKRT_URL", redis.url())
             .env("REDIS_URL", redis.url())
             .stdout(Stdio::piped())
             .kill_on_drop(true);
@@ -282,7 +291,7 @@ async fn sale(cfg: &Config) -> Result<bool, String> {
         if redis.is_throwaway() {
             " (throwaway redis-server)"
         } else {
-            " (REDIS_URL)"
+            " (LOCKRT_URL / REDIS_URL)"
         }
     );
     println!("  sold       {sold}");

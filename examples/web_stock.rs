@@ -8,9 +8,11 @@
 //! curl -i http://127.0.0.1:3000/items/1                   # 200 {"item":1,"left":4}
 //! ```
 //!
-//! Run several copies on one Redis (`REDIS_URL=redis://127.0.0.1:6379/`) and they still never
-//! sell a unit twice: the handler's read-check-write is racy on purpose, the lock is what makes
-//! it safe. Without `REDIS_URL` the example starts a throwaway `redis-server` and prints its URL.
+//! Run several copies on one Redis (`LOCKRT_URL` or `REDIS_URL=redis://127.0.0.1:6379/`) and
+//! they still never sell a unit twice: the handler's read-check-write is racy on purpose, the
+//! lock is what makes it safe. The locker comes from configuration (`LockerBuilder::from_env`,
+//! README "Configuration"); without a URL the example runner starts a throwaway `redis-server`
+//! and prints its URL.
 //!
 //! | answer | status | body |
 //! |---|---|---|
@@ -42,14 +44,15 @@ use axum::http::header::RETRY_AFTER;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lockrt::testing::LocalRedis;
-use lockrt::{LockError, Locker, distributed_lock};
+use lockrt::{LockError, Locker, LockerBuilder, distributed_lock};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 use serde_json::json;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::LevelFilter;
+
+mod runner;
 
 const USAGE: &str = "usage: web_stock [--listen ADDR] [--seed ITEM=N]... [--work-ms N]";
 
@@ -224,12 +227,16 @@ fn parse_args() -> Result<Config, String> {
 
 async fn serve(cfg: Config) -> Result<(), Box<dyn Error>> {
     // Kept alive until `serve` returns: a throwaway server is killed when this is dropped.
-    let redis = LocalRedis::from_env_or_start()?;
+    // Example runner only: the configured Redis, or a throwaway one.
+    let redis = runner::DevRedis::configured_or_start()?;
     if redis.is_throwaway() {
         // Only the throwaway server's URL is printed: a REDIS_URL may carry a password.
         println!("started a throwaway redis-server at {}", redis.url());
     }
-    let locker = Locker::builder().url(redis.url()).build().await?;
+    // What a service writes: the locker from its configuration (LOCKRT_URL or REDIS_URL, ...).
+    let config = LockerBuilder::from_env()?;
+    let config = redis.apply(config); // example runner only
+    let locker = config.build().await?;
     let mut store = redis::Client::open(redis.url())?
         .get_connection_manager()
         .await?;

@@ -15,8 +15,22 @@ const RUN_LIMIT: Duration = Duration::from_secs(120);
 
 /// Runs an example to completion; its exit status and stdout.
 async fn run(name: &str, args: &[&str], redis_url: Option<&str>) -> (bool, String) {
+    run_with(name, args, redis_url, &[]).await
+}
+
+/// [`run`] with more environment variables (`LOCKRT_*` ones are removed unless given here).
+async fn run_with(
+    name: &str,
+    args: &[&str],
+    redis_url: Option<&str>,
+    vars: &[(&str, &str)],
+) -> (bool, String) {
     let mut cmd = tokio::process::Command::new(support::example_binary(name));
     cmd.args(args).kill_on_drop(true);
+    for var in lockrt::LockerConfig::ENV_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.envs(vars.iter().copied());
     match redis_url {
         Some(url) => cmd.env("REDIS_URL", url),
         None => cmd.env_remove("REDIS_URL"),
@@ -92,4 +106,35 @@ async fn quickstart_sells_what_it_has() {
     let (ok, out) = run("quickstart", &[], None).await;
     assert!(ok);
     assert_eq!(out.trim(), "sold 10, sold out 2, left 0");
+}
+
+#[tokio::test]
+async fn quickstart_takes_its_locker_from_the_lockrt_variables() {
+    // The production path: LOCKRT_URL and LOCKRT_PREFIX, no REDIS_URL.
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let vars = [
+        ("LOCKRT_URL", url.as_str()),
+        ("LOCKRT_PREFIX", "quick:"),
+        ("LOCKRT_DEFAULT_TTL", "20s"),
+    ];
+    let (ok, out) = run_with("quickstart", &[], None, &vars).await;
+    assert!(ok);
+    assert_eq!(out.trim(), "sold 10, sold out 2, left 0");
+    // The locks were taken on that server, under that prefix (the fencing counter stays).
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let fences: Vec<String> = conn.keys("*:fence").await.unwrap();
+    assert_eq!(fences, ["{quick:stock:1}:fence"]);
+
+    // An invalid value stops it with an error naming the variable.
+    let vars = [
+        ("LOCKRT_URL", url.as_str()),
+        ("LOCKRT_DEFAULT_WAIT", "soon"),
+    ];
+    let (ok, _) = run_with("quickstart", &[], None, &vars).await;
+    assert!(!ok);
 }

@@ -41,6 +41,7 @@ impl Instance {
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("REDIS_URL", redis_url)
+            .env_remove("LOCKRT_URL")
             .stdout(Stdio::piped())
             .stderr(stderr)
             .kill_on_drop(true)

@@ -12,6 +12,8 @@ use crate::locker::Locker;
 
 tokio::task_local! {
     static HELD: Vec<HeldLock>;
+    /// A default for one task's future only (`testing::with_default`), before [`DEFAULT`].
+    static SCOPED_DEFAULT: Locker;
 }
 
 static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
@@ -45,18 +47,28 @@ pub fn set_default(locker: Locker) {
     *DEFAULT.write().unwrap_or_else(|p| p.into_inner()) = Some(locker);
 }
 
-/// The locker installed with [`set_default`].
+/// The locker installed with [`set_default`], or inside `lockrt::testing::with_default`
+/// (feature `testing`) the one installed for that future.
 ///
 /// ```
 /// lockrt::set_default(lockrt::Locker::in_memory());
 /// assert!(lockrt::default_locker().is_ok());
 /// ```
 pub fn default_locker() -> Result<Locker, LockError> {
+    if let Ok(locker) = SCOPED_DEFAULT.try_with(Locker::clone) {
+        return Ok(locker);
+    }
     DEFAULT
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .clone()
         .ok_or(LockError::NoDefaultLocker)
+}
+
+/// Runs `fut` with `locker` as its [`default_locker`], ahead of the process-wide one.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) async fn with_default<F: Future>(locker: Locker, fut: F) -> F::Output {
+    SCOPED_DEFAULT.scope(locker, fut).await
 }
 
 /// The innermost lock held by the current task's critical section (`run` or an annotated

@@ -78,6 +78,7 @@
 mod acquire;
 mod backend;
 mod builder;
+mod config;
 mod context;
 mod error;
 mod guard;
@@ -98,6 +99,7 @@ pub mod testing;
 pub mod __private;
 
 pub use builder::LockerBuilder;
+pub use config::LockerConfig;
 pub use context::{current_lock, default_locker, set_default};
 pub use error::{BackendError, FromLockError, LockError};
 pub use guard::{HeldLock, LockGuard};

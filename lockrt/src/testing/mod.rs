@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 mod cluster;
 mod proxy;
 mod resp;
+mod scoped;
 mod sentinel;
 mod tls;
 
@@ -37,6 +38,7 @@ pub use cluster::{
     CLUSTER_SLOTS, ClusterNode, NodeRole, RedisCluster, SlotMigration, key_in_slot, slot_of,
 };
 pub use proxy::{Direction, FaultProxy, ProxyCounters};
+pub use scoped::with_default;
 pub use sentinel::RedisSentinelGroup;
 pub use tls::{RedisTlsServer, TlsMaterial};
 

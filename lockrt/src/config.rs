@@ -1,0 +1,371 @@
+//! Settings from configuration: [`LockerConfig`] (plain data, `serde::Deserialize` with the
+//! `serde` feature) and [`LockerBuilder::from_env`]. Both go through
+//! [`LockerBuilder::from_config`]; `from_env` parses each variable with the same duration
+//! parser the `serde` feature uses (humantime: `30s`, `500ms`, `1m 30s`).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::{LockError, LockerBuilder, Wait};
+
+/// A [`LockerBuilder`]'s settings as data, e.g. a section of a service's configuration file.
+/// Every field is optional: what is unset keeps the builder's default. With the `serde`
+/// feature it implements `Deserialize`, durations written as `"30s"` or `"500ms"` and
+/// `default_wait` also as `"forever"`; unknown fields are refused.
+///
+/// ```
+/// # fn main() -> Result<(), lockrt::LockError> {
+/// use std::time::Duration;
+/// let mut config = lockrt::LockerConfig::default();
+/// config.url = Some("redis://127.0.0.1:6379/".into());
+/// config.default_ttl = Some(Duration::from_secs(10));
+/// let builder = lockrt::LockerBuilder::from_config(config)?.prefix("jobs:");
+/// # let _ = builder; Ok(()) }
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+#[non_exhaustive]
+pub struct LockerConfig {
+    /// A server or topology URL, as [`LockerBuilder::url`] takes it.
+    pub url: Option<String>,
+    /// Redis Cluster seed URLs ([`LockerBuilder::cluster`]); instead of `url`.
+    pub cluster: Vec<String>,
+    /// Sentinel URLs ([`LockerBuilder::sentinel`]); instead of `url`, with `service`.
+    pub sentinels: Vec<String>,
+    /// The master's name as the Sentinels know it (with `sentinels`).
+    pub service: Option<String>,
+    /// [`LockerBuilder::prefix`].
+    pub prefix: Option<String>,
+    /// [`LockerBuilder::default_ttl`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub default_ttl: Option<Duration>,
+    /// [`LockerBuilder::default_wait`], or `"forever"`
+    /// ([`LockerBuilder::default_wait_forever`]).
+    #[cfg_attr(feature = "serde", serde(deserialize_with = "de_wait"))]
+    pub default_wait: Option<Wait>,
+    /// [`LockerBuilder::default_max_hold`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub max_hold: Option<Duration>,
+    /// [`LockerBuilder::connect_timeout`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub connect_timeout: Option<Duration>,
+    /// [`LockerBuilder::response_timeout`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub response_timeout: Option<Duration>,
+    /// [`LockerBuilder::safety_margin`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub safety_margin: Option<Duration>,
+}
+
+impl fmt::Debug for LockerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redacted = |urls: &[String]| -> Vec<String> {
+            urls.iter().map(|u| crate::redact::url(u)).collect()
+        };
+        f.debug_struct("LockerConfig")
+            .field("url", &self.url.as_deref().map(crate::redact::url))
+            .field("cluster", &redacted(&self.cluster))
+            .field("sentinels", &redacted(&self.sentinels))
+            .field("service", &self.service)
+            .field("prefix", &self.prefix)
+            .field("default_ttl", &self.default_ttl)
+            .field("default_wait", &self.default_wait)
+            .field("max_hold", &self.max_hold)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("safety_margin", &self.safety_margin)
+            .finish()
+    }
+}
+
+impl LockerConfig {
+    /// The environment variables [`LockerBuilder::from_env`] reads, in the order it reads them.
+    pub const ENV_VARS: [&str; 9] = [
+        "LOCKRT_URL",
+        "REDIS_URL",
+        "LOCKRT_PREFIX",
+        "LOCKRT_DEFAULT_TTL",
+        "LOCKRT_DEFAULT_WAIT",
+        "LOCKRT_MAX_HOLD",
+        "LOCKRT_CONNECT_TIMEOUT",
+        "LOCKRT_RESPONSE_TIMEOUT",
+        "LOCKRT_SAFETY_MARGIN",
+    ];
+
+    /// The settings named by [`ENV_VARS`](Self::ENV_VARS), read through `lookup` (a variable
+    /// is unset when it returns `None` or blank text). [`LockerBuilder::from_env`] is this
+    /// with the process environment.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let config = lockrt::LockerConfig::from_lookup(|name| match name {
+    ///     "REDIS_URL" => Some("redis://127.0.0.1:6379/".into()),
+    ///     "LOCKRT_DEFAULT_TTL" => Some("10s".into()),
+    ///     _ => None,
+    /// })
+    /// .unwrap();
+    /// assert_eq!(config.default_ttl, Some(Duration::from_secs(10)));
+    /// ```
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, LockError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let duration = |name: &str| -> Result<Option<Duration>, LockError> {
+            get(name)
+                .map(|v| parse_duration(&v).map_err(|e| invalid(name, &v, &e)))
+                .transpose()
+        };
+        Ok(LockerConfig {
+            url: get("LOCKRT_URL").or_else(|| get("REDIS_URL")),
+            prefix: get("LOCKRT_PREFIX"),
+            default_ttl: duration("LOCKRT_DEFAULT_TTL")?,
+            default_wait: get("LOCKRT_DEFAULT_WAIT")
+                .map(|v| parse_wait(&v).map_err(|e| invalid("LOCKRT_DEFAULT_WAIT", &v, &e)))
+                .transpose()?,
+            max_hold: duration("LOCKRT_MAX_HOLD")?,
+            connect_timeout: duration("LOCKRT_CONNECT_TIMEOUT")?,
+            response_timeout: duration("LOCKRT_RESPONSE_TIMEOUT")?,
+            safety_margin: duration("LOCKRT_SAFETY_MARGIN")?,
+            ..LockerConfig::default()
+        })
+    }
+}
+
+impl LockerBuilder {
+    /// A builder with the settings of these environment variables (unset ones keep their
+    /// defaults), to adjust further or [`build`](Self::build):
+    ///
+    /// | variable | setting | example |
+    /// |---|---|---|
+    /// | `LOCKRT_URL`, else `REDIS_URL` | [`url`](Self::url) | `redis://:pw@10.0.0.5:6379/` |
+    /// | `LOCKRT_PREFIX` | [`prefix`](Self::prefix) | `app:lock:` |
+    /// | `LOCKRT_DEFAULT_TTL` | [`default_ttl`](Self::default_ttl) | `30s` |
+    /// | `LOCKRT_DEFAULT_WAIT` | [`default_wait`](Self::default_wait), or `forever` | `5s` |
+    /// | `LOCKRT_MAX_HOLD` | [`default_max_hold`](Self::default_max_hold) | `10m` |
+    /// | `LOCKRT_CONNECT_TIMEOUT` | [`connect_timeout`](Self::connect_timeout) | `1s` |
+    /// | `LOCKRT_RESPONSE_TIMEOUT` | [`response_timeout`](Self::response_timeout) | `500ms` |
+    /// | `LOCKRT_SAFETY_MARGIN` | [`safety_margin`](Self::safety_margin) | `100ms` |
+    ///
+    /// Durations are written as `30s`, `500ms`, `1m 30s` (humantime). A value that does not
+    /// parse, or that is not valid unicode, is a [`LockError::Config`] naming the variable and
+    /// the value (URLs are never echoed: they may carry a password).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::LockerBuilder::from_env()?.build().await?;
+    /// # let _ = locker; Ok(()) }
+    /// ```
+    pub fn from_env() -> Result<LockerBuilder, LockError> {
+        for name in LockerConfig::ENV_VARS {
+            if let Err(std::env::VarError::NotUnicode(_)) = std::env::var(name) {
+                return Err(LockError::Config(format!("{name} is not valid unicode")));
+            }
+        }
+        LockerBuilder::from_config(LockerConfig::from_lookup(|name| std::env::var(name).ok())?)
+    }
+
+    /// A builder with these settings (unset ones keep their defaults). Fails when more than
+    /// one of `url`, `cluster` and `sentinels` is given, or `sentinels` without `service`.
+    pub fn from_config(config: LockerConfig) -> Result<LockerBuilder, LockError> {
+        let LockerConfig {
+            url,
+            cluster,
+            sentinels,
+            service,
+            prefix,
+            default_ttl,
+            default_wait,
+            max_hold,
+            connect_timeout,
+            response_timeout,
+            safety_margin,
+        } = config;
+        let servers = [url.is_some(), !cluster.is_empty(), !sentinels.is_empty()];
+        if servers.iter().filter(|s| **s).count() > 1 {
+            return Err(LockError::Config(
+                "give only one of `url`, `cluster` and `sentinels`".into(),
+            ));
+        }
+        let mut b = LockerBuilder::default();
+        if let Some(url) = url {
+            b = b.url(url);
+        }
+        if !cluster.is_empty() {
+            b = b.cluster(cluster);
+        }
+        match (sentinels.is_empty(), service) {
+            (false, Some(service)) => b = b.sentinel(sentinels, service),
+            (false, None) => {
+                return Err(LockError::Config(
+                    "`sentinels` needs `service`, the master's name".into(),
+                ));
+            }
+            (true, Some(_)) => {
+                return Err(LockError::Config("`service` needs `sentinels`".into()));
+            }
+            (true, None) => {}
+        }
+        if let Some(prefix) = prefix {
+            b = b.prefix(prefix);
+        }
+        if let Some(ttl) = default_ttl {
+            b = b.default_ttl(ttl);
+        }
+        match default_wait {
+            Some(Wait::For(wait)) => b = b.default_wait(wait),
+            Some(Wait::Forever) => b = b.default_wait_forever(),
+            None => {}
+        }
+        if let Some(max_hold) = max_hold {
+            b = b.default_max_hold(max_hold);
+        }
+        if let Some(t) = connect_timeout {
+            b = b.connect_timeout(t);
+        }
+        if let Some(t) = response_timeout {
+            b = b.response_timeout(t);
+        }
+        if let Some(m) = safety_margin {
+            b = b.safety_margin(m);
+        }
+        Ok(b)
+    }
+}
+
+/// `30s`, `500ms`, `1m 30s`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|e| e.to_string())
+}
+
+/// A duration, or `forever`.
+fn parse_wait(text: &str) -> Result<Wait, String> {
+    if text.trim().eq_ignore_ascii_case("forever") {
+        Ok(Wait::Forever)
+    } else {
+        parse_duration(text)
+            .map(Wait::For)
+            .map_err(|e| format!("{e} (or `forever`)"))
+    }
+}
+
+fn invalid(name: &str, value: &str, why: &str) -> LockError {
+    LockError::Config(format!("{name}={value:?} is not a duration: {why}"))
+}
+
+#[cfg(feature = "serde")]
+fn de_wait<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Wait>, D::Error> {
+    use serde::Deserialize;
+    Option::<String>::deserialize(d)?
+        .map(|v| parse_wait(&v).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = LockerConfig::from_lookup(lookup(&[
+            ("LOCKRT_URL", "redis://a:6379/"),
+            ("REDIS_URL", "redis://b:6379/"),
+            ("LOCKRT_PREFIX", "app:"),
+            ("LOCKRT_DEFAULT_TTL", "30s"),
+            ("LOCKRT_DEFAULT_WAIT", "forever"),
+            ("LOCKRT_MAX_HOLD", "10m"),
+            ("LOCKRT_CONNECT_TIMEOUT", "1s 500ms"),
+            ("LOCKRT_RESPONSE_TIMEOUT", "500ms"),
+            ("LOCKRT_SAFETY_MARGIN", " 200ms "),
+        ]))
+        .unwrap();
+        assert_eq!(c.url.as_deref(), Some("redis://a:6379/"));
+        assert_eq!(c.prefix.as_deref(), Some("app:"));
+        assert_eq!(c.default_ttl, Some(Duration::from_secs(30)));
+        assert_eq!(c.default_wait, Some(Wait::Forever));
+        assert_eq!(c.max_hold, Some(Duration::from_secs(600)));
+        assert_eq!(c.connect_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(c.response_timeout, Some(Duration::from_millis(500)));
+        assert_eq!(c.safety_margin, Some(Duration::from_millis(200)));
+    }
+
+    #[test]
+    fn redis_url_is_the_fallback_and_blank_is_unset() {
+        let c = LockerConfig::from_lookup(lookup(&[
+            ("LOCKRT_URL", "  "),
+            ("REDIS_URL", "redis://b:6379/"),
+            ("LOCKRT_DEFAULT_WAIT", "250ms"),
+        ]))
+        .unwrap();
+        assert_eq!(c.url.as_deref(), Some("redis://b:6379/"));
+        assert_eq!(c.default_wait, Some(Wait::For(Duration::from_millis(250))));
+        assert_eq!(
+            LockerConfig::from_lookup(lookup(&[])).unwrap(),
+            LockerConfig::default()
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable_and_value() {
+        for (name, value) in [
+            ("LOCKRT_DEFAULT_TTL", "30"),
+            ("LOCKRT_DEFAULT_WAIT", "never"),
+            ("LOCKRT_MAX_HOLD", "-1s"),
+            ("LOCKRT_CONNECT_TIMEOUT", "1 fortnight"),
+            ("LOCKRT_RESPONSE_TIMEOUT", "fast"),
+            ("LOCKRT_SAFETY_MARGIN", "100 ms!"),
+        ] {
+            let err = LockerConfig::from_lookup(lookup(&[
+                ("LOCKRT_URL", "redis://:hunter2@a:6379/"),
+                (name, value),
+            ]))
+            .unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, LockError::Config(_)), "{text}");
+            assert!(text.contains(name), "{text}");
+            assert!(text.contains(value), "{text}");
+            assert!(!text.contains("hunter2"), "{text}");
+        }
+    }
+
+    #[test]
+    fn from_config_sets_the_builder_and_refuses_two_topologies() {
+        let mut c = LockerConfig {
+            prefix: Some("x:".into()),
+            default_ttl: Some(Duration::from_secs(5)),
+            default_wait: Some(Wait::Forever),
+            ..LockerConfig::default()
+        };
+        let b = LockerBuilder::from_config(c.clone()).unwrap();
+        let shown = format!("{b:?}");
+        assert!(shown.contains("\"x:\"") && shown.contains("5s") && shown.contains("Forever"));
+
+        c.url = Some("redis://a:6379/".into());
+        c.cluster = vec!["redis://b:7000/".into()];
+        assert!(matches!(
+            LockerBuilder::from_config(c),
+            Err(LockError::Config(_))
+        ));
+        let c = LockerConfig {
+            sentinels: vec!["redis://s:26379/".into()],
+            ..LockerConfig::default()
+        };
+        assert!(LockerBuilder::from_config(c).is_err());
+    }
+
+    #[test]
+    fn debug_hides_passwords() {
+        let c = LockerConfig {
+            url: Some("redis://:hunter2@a:6379/".into()),
+            cluster: vec!["redis://u:hunter2@b:7000/".into()],
+            ..LockerConfig::default()
+        };
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
+}
