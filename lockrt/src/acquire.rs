@@ -384,6 +384,7 @@ impl<'a> Acquisition<'a> {
         }
         entry.set_holder(Owner::current(), &info);
         self.locker.note_held();
+        crate::metrics::acquired(self.start.elapsed());
         tracing::debug!(
             key = ?&*self.key.user,
             fence = taken.fence,
@@ -407,6 +408,7 @@ impl<'a> Acquisition<'a> {
     }
 
     fn timeout(&self, why: &str) -> LockError {
+        crate::metrics::timed_out();
         // INFO: a busy lock is an ordinary outcome, but one an operator wants to see.
         tracing::info!(key = ?&*self.key.user, waited_ms = self.start.elapsed().as_millis() as u64, why, "lock wait elapsed");
         LockError::Timeout {
@@ -485,6 +487,7 @@ struct Counted<'a>(&'a AtomicUsize);
 impl<'a> Counted<'a> {
     fn new(gauge: &'a AtomicUsize) -> Self {
         gauge.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::waiting(1.0);
         Counted(gauge)
     }
 }
@@ -492,5 +495,6 @@ impl<'a> Counted<'a> {
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+        crate::metrics::waiting(-1.0);
     }
 }

@@ -200,6 +200,9 @@ impl Release {
         if matches!(res, Ok(Released::Freed)) {
             self.locker.wake(&self.info.key.tag);
         }
+        if matches!(res, Ok(Released::Freed | Released::HandedOver)) {
+            crate::metrics::released(self.info.acquired_at.elapsed());
+        }
         tracing::debug!(key = ?&*self.info.key.user, released = ?res.as_ref().ok(), "release");
         self.finish();
         res
@@ -269,6 +272,7 @@ impl Release {
         self.info.leave_turn();
         drop(self.entry.take());
         self.locker.note_released();
+        crate::metrics::ended();
     }
 }
 

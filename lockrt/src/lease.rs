@@ -49,6 +49,8 @@ pub(crate) struct LeaseInfo {
     pub(crate) safety: Duration,
     /// No renewal after this (`max_hold`).
     pub(crate) hold_until: Option<Instant>,
+    /// When the lock was taken (the reply's arrival), for the hold-time metric.
+    pub(crate) acquired_at: Instant,
     /// A release before this keeps the lock until then (`min_hold`).
     pub(crate) keep_until: Option<Instant>,
     /// Cancelled when the lease is lost or released: nothing may rely on it after that.
@@ -89,6 +91,7 @@ impl LeaseInfo {
             watchdog: n.watchdog,
             safety: n.safety,
             hold_until,
+            acquired_at: Instant::now(),
             keep_until: n.min_hold.and_then(|h| Instant::now().checked_add(h)),
             lost: CancellationToken::new(),
             released: std::sync::atomic::AtomicBool::new(false),
@@ -464,6 +467,7 @@ fn apply_outcome(t: &mut Table, ids: &[u64], sent: Instant, res: Vec<Renewed>) {
 
 /// One WARN per `WARN_EVERY`, naming how many were suppressed since the last.
 fn warn_limited(t: &mut Table, now: Instant, e: &crate::error::BackendError, leases: usize) {
+    crate::metrics::renewal_failed(leases);
     if t.last_warn.is_some_and(|at| now < at + WARN_EVERY) {
         t.suppressed += 1;
         return;
@@ -474,6 +478,7 @@ fn warn_limited(t: &mut Table, now: Instant, e: &crate::error::BackendError, lea
 }
 
 fn declare_lost(info: &LeaseInfo, why: &str) {
+    crate::metrics::lost();
     tracing::warn!(key = ?&*info.key.user, reason = why, "lock lost");
     info.lost.cancel();
     info.leave_turn();

@@ -86,6 +86,7 @@ mod inspect;
 mod key;
 mod lease;
 mod locker;
+mod metrics;
 mod options;
 mod redact;
 mod retry;
