@@ -9,7 +9,7 @@
 //!
 //! One line per lock: key, holder (`service@host pid`), remaining lease, fence, waiters. The
 //! URL may also come from `LOCKCTL_URL` or `REDIS_URL`; it is never printed with its password.
-//! `list` and `watch` scan keys and are not available on a Redis Cluster (use `show`).
+//! `list` and `watch` scan keys; on a Redis Cluster they scan every master.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;

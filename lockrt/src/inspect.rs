@@ -193,8 +193,8 @@ impl Locker {
 
     /// The held locks whose keys (without the prefix) match `pattern`, a Redis glob (`*`,
     /// `?`, `[..]`; `"*"` for all), sorted by key, at most [`MAX_LISTED`]. Runs `SCAN`, which
-    /// does not block the server. Standalone, Sentinel and in-memory lockers; on a Redis
-    /// Cluster this returns [`LockError::Config`] (use [`lock_info`](Self::lock_info)).
+    /// does not block the server; on a Redis Cluster it scans every master (found with
+    /// `CLUSTER SLOTS`, connected with the seeds' credentials).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
@@ -210,16 +210,7 @@ impl Locker {
         let full = format!("{}{pattern}", self.prefix());
         let names = match self.backend() {
             Backend::Memory(m) => m.scan(&full),
-            Backend::Redis(r) => r.scan(&full, MAX_LISTED).await.map_err(|e| {
-                if e.message().contains("not supported on a Redis Cluster") {
-                    LockError::Config(format!(
-                        "Locker::locks: {}; use lock_info(key) on a cluster",
-                        e.message()
-                    ))
-                } else {
-                    LockError::from(e)
-                }
-            })?,
+            Backend::Redis(r) => r.scan(&full, MAX_LISTED).await?,
         };
         let mut out = Vec::new();
         for name in names.into_iter().take(MAX_LISTED) {

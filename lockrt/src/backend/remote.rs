@@ -677,49 +677,84 @@ impl RedisBackend {
     }
 
     /// Lock keys matching `pattern` (a `SCAN MATCH` glob over full Redis names), at most
-    /// `limit`. Standalone and Sentinel only: a cluster would need a scan of every master.
+    /// `limit`. On a Cluster every master is scanned (masters from `CLUSTER SLOTS`).
     pub(crate) async fn scan(
         &self,
         pattern: &str,
         limit: usize,
     ) -> Result<Vec<String>, BackendError> {
-        if self.connector.is_cluster() {
-            return Err(BackendError::new(
-                self.addr.clone(),
-                "listing locks is not supported on a Redis Cluster yet",
-            )
-            .with_hint("inspect a lock by its key (lock_info / `lockctl show KEY`) instead")
-            .permanent());
-        }
         let (mut conn, generation) = self.conn().await?;
-        let mut cursor: u64 = 0;
+        let masters = match self.connector.masters(&mut conn).await {
+            Ok(m) => m,
+            Err(e) => {
+                self.after_failure(generation, &e);
+                return Err(self.error(&e));
+            }
+        };
         let mut out = Vec::new();
-        loop {
-            let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(500);
-            let reply: Result<(u64, Vec<String>), RedisError> = cmd.query_async(&mut conn).await;
-            let (next, keys) = match reply {
-                Ok(r) => r,
-                Err(e) => {
+        match masters {
+            None => scan_one(&mut conn, pattern, limit, &mut out)
+                .await
+                .map_err(|e| {
                     self.after_failure(generation, &e);
-                    return Err(self.error(&e));
+                    self.error(&e)
+                })?,
+            Some(clients) => {
+                for client in clients {
+                    let mut node = self.node_conn(&client).await?;
+                    scan_one(&mut node, pattern, limit, &mut out)
+                        .await
+                        .map_err(|e| self.error(&e))?;
                 }
-            };
-            // Auxiliary names (`{lock}:…`) carry braces; lock keys never do.
-            out.extend(keys.into_iter().filter(|k| !k.contains(['{', '}'])));
-            cursor = next;
-            if cursor == 0 || out.len() >= limit {
-                break;
             }
         }
         out.sort();
         out.dedup();
         out.truncate(limit);
         Ok(out)
+    }
+
+    /// A plain connection to one cluster node, bounded by the timeouts.
+    async fn node_conn(
+        &self,
+        client: &redis::Client,
+    ) -> Result<redis::aio::MultiplexedConnection, BackendError> {
+        let cfg = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.response));
+        tokio::time::timeout(
+            self.timeouts.connect.saturating_add(self.timeouts.response),
+            client.get_multiplexed_async_connection_with_config(&cfg),
+        )
+        .await
+        .map_err(|_| BackendError::new(self.addr.clone(), "a cluster node did not answer in time"))?
+        .map_err(|e| self.error(&e))
+    }
+}
+
+/// Appends the lock keys matching `pattern` on the server behind `conn` (at most `limit`).
+async fn scan_one(
+    conn: &mut impl ConnectionLike,
+    pattern: &str,
+    limit: usize,
+    out: &mut Vec<String>,
+) -> Result<(), RedisError> {
+    let mut cursor: u64 = 0;
+    // Bounded by the keyspace: SCAN ends with cursor 0, or at `limit` keys.
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(500);
+        let (next, keys): (u64, Vec<String>) = cmd.query_async(conn).await?;
+        // Auxiliary names (`{lock}:…`) carry braces; lock keys never do.
+        out.extend(keys.into_iter().filter(|k| !k.contains(['{', '}'])));
+        cursor = next;
+        if cursor == 0 || out.len() >= limit {
+            return Ok(());
+        }
     }
 }
 

@@ -217,6 +217,42 @@ impl Connector {
         None
     }
 
+    /// Clients for every master of a Cluster, from `CLUSTER SLOTS` asked over `conn` (with
+    /// the seeds' credentials; what scans every node needs). `None` for other topologies,
+    /// where `conn` reaches the one server that holds every lock.
+    pub(crate) async fn masters(&self, conn: &mut Conn) -> redis::RedisResult<Option<Vec<Client>>> {
+        #[cfg(feature = "cluster")]
+        if let Connector::Cluster { nodes, .. } = self {
+            let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+            let template = nodes[0].get_connection_info().clone();
+            let mut addrs: Vec<(String, u16)> = master_addrs(&slots);
+            addrs.sort();
+            addrs.dedup();
+            let clients = addrs
+                .into_iter()
+                .map(|(host, port)| {
+                    let addr = match template.addr() {
+                        ConnectionAddr::TcpTls {
+                            insecure,
+                            tls_params,
+                            ..
+                        } => ConnectionAddr::TcpTls {
+                            host,
+                            port,
+                            insecure: *insecure,
+                            tls_params: tls_params.clone(),
+                        },
+                        _ => ConnectionAddr::Tcp(host, port),
+                    };
+                    Client::open(template.clone().set_addr(addr))
+                })
+                .collect::<redis::RedisResult<Vec<Client>>>()?;
+            return Ok(Some(clients));
+        }
+        let _ = conn;
+        Ok(None)
+    }
+
     /// Whether lock scripts may go to different servers (a renewal batch must then stay
     /// within one slot).
     pub(crate) fn is_cluster(&self) -> bool {
@@ -547,6 +583,35 @@ mod switch {
             self.epoch.send_modify(|e| *e += 1);
         }
     }
+}
+
+/// The `(host, port)` of each slot range's master in a `CLUSTER SLOTS` reply.
+#[cfg(feature = "cluster")]
+fn master_addrs(slots: &Value) -> Vec<(String, u16)> {
+    let Value::Array(ranges) = slots else {
+        return Vec::new();
+    };
+    ranges
+        .iter()
+        .filter_map(|range| {
+            let Value::Array(fields) = range else {
+                return None;
+            };
+            let Some(Value::Array(master)) = fields.get(2) else {
+                return None;
+            };
+            let host = match master.first()? {
+                Value::BulkString(b) => String::from_utf8(b.clone()).ok()?,
+                Value::SimpleString(s) => s.clone(),
+                _ => return None,
+            };
+            let port = match master.get(1)? {
+                Value::Int(p) => u16::try_from(*p).ok()?,
+                _ => return None,
+            };
+            Some((host, port))
+        })
+        .collect()
 }
 
 /// `host:port` or the socket path: enough to find the server, nothing secret.
