@@ -54,8 +54,21 @@ fn counters_histograms_and_gauges_follow_the_locks() {
                 .acquire("m", opts.wait(Duration::from_millis(20)))
                 .await;
             assert!(busy.unwrap_err().is_timeout());
+            // And one hand-off: a waiter woken by the release.
+            let waiter = peer.clone();
+            let handed = tokio::spawn(async move {
+                let g = waiter
+                    .acquire("m", opts.wait(Duration::from_secs(2)))
+                    .await
+                    .unwrap();
+                g.release().await.unwrap();
+            });
+            while peer.stats().waiting == 0 {
+                tokio::task::yield_now().await;
+            }
             let held_during = snapshotter.snapshot().into_vec();
             g.release().await.unwrap();
+            handed.await.unwrap();
             // One loss: a fixed lease that runs out.
             let fixed = locker.acquire("m2", opts.watchdog(false)).await.unwrap();
             tokio::time::timeout(Duration::from_secs(2), fixed.lost())
@@ -88,7 +101,7 @@ fn counters_histograms_and_gauges_follow_the_locks() {
     let hist = |name| histogram_len(&during, name) + histogram_len(&after, name);
     assert_eq!(
         both(counter, "lockrt_acquired_total"),
-        2,
+        3,
         "{during:?} {after:?}"
     );
     assert_eq!(
@@ -98,7 +111,7 @@ fn counters_histograms_and_gauges_follow_the_locks() {
     );
     assert_eq!(
         both(counter, "lockrt_released_total"),
-        1,
+        2,
         "{during:?} {after:?}"
     );
     assert_eq!(
@@ -106,8 +119,9 @@ fn counters_histograms_and_gauges_follow_the_locks() {
         1,
         "{during:?} {after:?}"
     );
-    assert_eq!(hist("lockrt_wait_seconds"), 2, "{during:?} {after:?}");
-    assert_eq!(hist("lockrt_hold_seconds"), 1, "{during:?} {after:?}");
+    assert_eq!(hist("lockrt_wait_seconds"), 3, "{during:?} {after:?}");
+    assert_eq!(hist("lockrt_hold_seconds"), 2, "{during:?} {after:?}");
+    assert_eq!(hist("lockrt_handoff_seconds"), 1, "{during:?} {after:?}");
     let held = gauge(&during, "lockrt_held") + gauge(&after, "lockrt_held");
     let waiting = gauge(&during, "lockrt_waiting") + gauge(&after, "lockrt_waiting");
     assert_eq!((held, waiting), (0.0, 0.0), "{during:?} {after:?}");

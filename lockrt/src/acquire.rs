@@ -313,15 +313,22 @@ impl<'a> Acquisition<'a> {
             .await
             .ok_or_else(|| self.timeout("busy"))??;
         // Subscribed now: retry at once, then after every release message (or fallback).
+        let mut woken: Option<Instant> = None;
+        let handed = |taken: Taken, woken: Option<Instant>| {
+            if let Some(w) = woken {
+                crate::metrics::handoff(w.elapsed());
+            }
+            taken
+        };
         loop {
             let notified = listener.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if let Some(taken) = self.usable_grant(&listener, seen) {
-                return Ok(taken);
+                return Ok(handed(taken, woken));
             }
             if let Some(taken) = self.attempt(pending, seen).await? {
-                return Ok(taken);
+                return Ok(handed(taken, woken));
             }
             if self.expired() {
                 return Err(self.timeout("busy"));
@@ -335,10 +342,10 @@ impl<'a> Acquisition<'a> {
             if let Some(d) = self.deadline {
                 until = until.min(d);
             }
-            tokio::select! {
-                () = &mut notified => {}
-                () = tokio::time::sleep_until(until) => {}
-            }
+            woken = tokio::select! {
+                () = &mut notified => Some(Instant::now()),
+                () = tokio::time::sleep_until(until) => None,
+            };
         }
     }
 

@@ -11,6 +11,7 @@
 //! | `lockrt_renewal_failures_total` | counter | renewals that failed (retried within the deadline) |
 //! | `lockrt_wait_seconds` | histogram | time from the call to holding the lock |
 //! | `lockrt_hold_seconds` | histogram | time from holding to release |
+//! | `lockrt_handoff_seconds` | histogram | time from a waiter being woken by a release to holding the lock |
 //! | `lockrt_held` | gauge | locks held now |
 //! | `lockrt_waiting` | gauge | callers waiting for a busy lock now |
 
@@ -24,6 +25,10 @@ mod imp {
         metrics::counter!("lockrt_acquired_total").increment(1);
         metrics::histogram!("lockrt_wait_seconds").record(waited.as_secs_f64());
         metrics::gauge!("lockrt_held").increment(1.0);
+    }
+
+    pub(crate) fn handoff(took: Duration) {
+        metrics::histogram!("lockrt_handoff_seconds").record(took.as_secs_f64());
     }
 
     pub(crate) fn released(held: Duration) {
@@ -59,6 +64,8 @@ mod imp {
     #[inline]
     pub(crate) fn acquired(_: Duration) {}
     #[inline]
+    pub(crate) fn handoff(_: Duration) {}
+    #[inline]
     pub(crate) fn released(_: Duration) {}
     #[inline]
     pub(crate) fn ended() {}
@@ -75,6 +82,11 @@ mod imp {
 /// A lock taken after waiting `waited`.
 pub(crate) fn acquired(waited: Duration) {
     imp::acquired(waited);
+}
+
+/// A waiter held the lock `took` after a release woke it.
+pub(crate) fn handoff(took: Duration) {
+    imp::handoff(took);
 }
 
 /// A lock released after being held `held`.
