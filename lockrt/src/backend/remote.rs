@@ -503,13 +503,7 @@ impl RedisBackend {
         let owner = owner_key(key.lock());
         let call = Call {
             nkeys: 5,
-            keys: |c: &mut Cmd| {
-                c.arg(key.lock())
-                    .arg(key.fence())
-                    .arg(key.queue())
-                    .arg(key.waiters())
-                    .arg(&owner);
-            },
+            keys: |c: &mut Cmd| lock_keys(c, key, &owner),
             args: |c: &mut Cmd| {
                 c.arg(token.as_str())
                     .arg(millis(ttl))
@@ -616,13 +610,7 @@ impl RedisBackend {
         let owner = owner_key(key.lock());
         let call = Call {
             nkeys: 5,
-            keys: |c: &mut Cmd| {
-                c.arg(key.lock())
-                    .arg(key.fence())
-                    .arg(key.queue())
-                    .arg(key.waiters())
-                    .arg(&owner);
-            },
+            keys: |c: &mut Cmd| lock_keys(c, key, &owner),
             args: |c: &mut Cmd| {
                 c.arg(token.map_or("", Token::as_str))
                     .arg(key.channel())
@@ -842,6 +830,15 @@ fn per_lease(res: Result<Vec<bool>, BackendError>, n: usize) -> Vec<Renewed> {
         Ok(v) => v.into_iter().map(Ok).collect(),
         Err(e) => vec![Err(e); n],
     }
+}
+
+/// The five names one lock's acquire- and release-shaped scripts take, in their KEYS order.
+fn lock_keys(c: &mut Cmd, key: &LockKey, owner: &str) {
+    c.arg(key.lock())
+        .arg(key.fence())
+        .arg(key.queue())
+        .arg(key.waiters())
+        .arg(owner);
 }
 
 fn is_noscript(e: &RedisError) -> bool {

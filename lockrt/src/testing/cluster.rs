@@ -907,15 +907,7 @@ impl Daemon {
         let pid = self.pid().ok_or_else(|| {
             io::Error::other(format!("the server on port {} is not running", self.port))
         })?;
-        let status = Command::new("kill")
-            .arg(sig)
-            .arg(pid.to_string())
-            .status()?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(io::Error::other(format!("kill {sig} {pid} failed")))
-        }
+        super::signal_pid(pid, sig)
     }
 }
 

@@ -231,15 +231,21 @@ impl RedisServer {
         let pid = self
             .pid()
             .ok_or_else(|| io::Error::other("redis-server is not running"))?;
-        let status = Command::new("kill")
-            .arg(sig)
-            .arg(pid.to_string())
-            .status()?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(io::Error::other(format!("kill {sig} {pid} failed")))
-        }
+        signal_pid(pid, sig)
+    }
+}
+
+/// Sends `sig` (`"-STOP"`, `"-CONT"`) to process `pid` with `kill`: only ever a process this
+/// module started.
+pub(crate) fn signal_pid(pid: u32, sig: &str) -> io::Result<()> {
+    let status = Command::new("kill")
+        .arg(sig)
+        .arg(pid.to_string())
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("kill {sig} {pid} failed")))
     }
 }
 
