@@ -1,6 +1,7 @@
 //! lockrt on a Redis Cluster while the cluster changes under it: a coordinated failover
 //! (`CLUSTER FAILOVER`) with a holder and a waiter, a master frozen with SIGSTOP until its
-//! replica takes over, and a slot migrated while a holder holds and a waiter waits. Each test
+//! replica takes over, a slot migrated while a holder holds and a waiter waits, and
+//! `sync_replicas` with one master's replica frozen. Each test
 //! prints its measured figures (`FIGURE ...`).
 
 mod topology_support;
@@ -73,6 +74,84 @@ async fn cluster_locker(cluster: &RedisCluster, response: Duration) -> Locker {
         .build()
         .await
         .expect("connect")
+}
+
+/// `sync_replicas(1, 300 ms)` on a Cluster: each `WAIT` goes to the master that ran the
+/// script, so with master 0's replica frozen, locks on master 0 are refused (nothing left
+/// behind) and one held there is declared lost before its lease ends, while master 1 keeps
+/// acknowledging. (A `WAIT` sent to any other master would answer 1 at once and let the
+/// unacknowledged lock count.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_sync_replicas_waits_on_the_locks_own_master() {
+    let cluster = RedisCluster::start(3, 1).expect("start 3 masters + 3 replicas");
+    let locker = Locker::builder()
+        .cluster(cluster.seed_urls())
+        .sync_replicas(1, ms(300))
+        .build()
+        .await
+        .expect("connect");
+    let opts = LockOptions::new().ttl(ms(600));
+    let (on_0, on_1) = (key_on(&cluster, 0, "held"), key_on(&cluster, 1, "kept"));
+    let held = locker.acquire(&on_0, opts).await.expect("acknowledged");
+    let kept = locker.acquire(&on_1, opts).await.expect("acknowledged");
+    let replica = replica_of(&cluster, 0);
+    cluster.pause(replica).expect("SIGSTOP master 0's replica");
+    let stopped = Instant::now();
+    let (refused_key, other_key) = (key_on(&cluster, 0, "refused"), key_on(&cluster, 1, "other"));
+    let attempts = async {
+        let wait = LockOptions::new().wait(ms(500));
+        let refused = locker.acquire(&refused_key, wait).await;
+        let failed_after = stopped.elapsed();
+        let other = locker.acquire(&other_key, wait).await.map(drop);
+        (refused, failed_after, other)
+    };
+    let lost = async {
+        let declared = tokio::time::timeout(ms(1_000), held.lost()).await;
+        declared.map(|()| stopped.elapsed())
+    };
+    let ((refused, failed_after, other), lost_after) = tokio::join!(attempts, lost);
+    let kept_through = !kept.is_lost();
+    let mut raw = Raw::cluster(&cluster.seed_urls()).await;
+    let left = raw.lease_left(&refused_key).await;
+    cluster.resume(replica).expect("SIGCONT");
+    let back = within(ms(5_000), async || {
+        locker
+            .try_acquire(&refused_key, LockOptions::new())
+            .await
+            .is_ok_and(|g| g.is_some())
+    })
+    .await;
+    let err = refused.expect_err("master 0's replica is frozen");
+    let text = err.to_string();
+    figure(
+        "cluster_sync_replicas",
+        format!(
+            "master 0's replica frozen, sync_replicas(1, 300 ms): acquire on master 0 failed \
+             after {} (lock left: {}), acquire on master 1: {}, lock held on master 0 \
+             (ttl 600 ms) declared lost {} after the freeze, lock on master 1 kept: \
+             {kept_through}; master 0 acknowledged again {} after the resume. Error: {text}",
+            ms_f(failed_after),
+            left.is_some(),
+            if other.is_ok() { "ok" } else { "FAILED" },
+            lost_after.as_ref().map_or("never".into(), |d| ms_f(*d)),
+            back.map_or("never".into(), ms_f)
+        ),
+    );
+    assert!(text.contains("acknowledged"), "{text}");
+    assert!(
+        matches!(&err, lockrt::LockError::Backend(b) if b.is_transient()),
+        "{err:?}"
+    );
+    assert_eq!(left, None, "an unacknowledged lock was left");
+    other.expect("master 1's replica acknowledges");
+    let lost_after = lost_after.expect("unacknowledged renewals end in a declared loss");
+    assert!(
+        lost_after < ms(600),
+        "loss declared after the lease: {lost_after:?}"
+    );
+    assert!(kept_through, "the lock on master 1 was lost");
+    assert!(back.is_some(), "never acknowledged again");
+    kept.release().await.expect("release on master 1");
 }
 
 /// `CLUSTER FAILOVER` of the master that serves a held lock with a queued waiter: the holder

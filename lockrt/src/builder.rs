@@ -175,7 +175,8 @@ impl LockerBuilder {
     /// acknowledged it within `timeout` (`WAIT` right after the script, on the same
     /// connection). An acquire that was not acknowledged is released and fails with a
     /// retryable error; a renewal that was not acknowledged does not move the lease's
-    /// deadline. Standalone and Sentinel topologies.
+    /// deadline. Every topology: on a Cluster the `WAIT` goes to the master of the lock's
+    /// slot, right behind its script.
     ///
     /// What it buys: a lock (and its fence) that a failover to an acknowledging replica keeps,
     /// and no lock granted by an isolated old master that no replica follows. What it does

@@ -355,10 +355,10 @@ async fn run(backend: Arc<Backend>, closer: Closer) {
     let shared = &closer.0;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Outcome>();
     loop {
-        let Some((batches, wake)) = scan(&mut shared.table()) else {
+        let Some((due, wake)) = scan(&mut shared.table()) else {
             break;
         };
-        for batch in batches {
+        for batch in batches(due, |key| backend.renewal_group(key)) {
             tokio::spawn(renew(backend.clone(), batch, done_tx.clone()));
         }
         tokio::select! {
@@ -370,9 +370,9 @@ async fn run(backend: Arc<Backend>, closer: Closer) {
     }
 }
 
-/// Declares passed deadlines, collects the renewals due (in batches) and says when to look
-/// next; `None` once closed.
-fn scan(t: &mut Table) -> Option<(Vec<Vec<Arc<LeaseInfo>>>, Instant)> {
+/// Declares passed deadlines, collects the renewals due and says when to look next; `None`
+/// once closed.
+fn scan(t: &mut Table) -> Option<(Vec<Arc<LeaseInfo>>, Instant)> {
     if t.closed {
         return None;
     }
@@ -394,11 +394,6 @@ fn scan(t: &mut Table) -> Option<(Vec<Vec<Arc<LeaseInfo>>>, Instant)> {
         }
         true
     });
-    let mut batches = Vec::new();
-    while !due.is_empty() {
-        let rest = due.split_off(due.len().min(MAX_BATCH));
-        batches.push(std::mem::replace(&mut due, rest));
-    }
     let wake = t
         .leases
         .values()
@@ -406,7 +401,27 @@ fn scan(t: &mut Table) -> Option<(Vec<Vec<Arc<LeaseInfo>>>, Instant)> {
         .min()
         .unwrap_or_else(|| now + t.idle_step.unwrap_or(IDLE_SCAN));
     t.next_scan = Some(wake);
-    Some((batches, wake))
+    Some((due, wake))
+}
+
+/// Splits the due leases into renewal calls: one group (cluster slot) per call, so a slow
+/// master delays only its own leases' outcomes, and at most [`MAX_BATCH`] leases per call.
+fn batches(
+    due: Vec<Arc<LeaseInfo>>,
+    group: impl Fn(&LockKey) -> u16,
+) -> impl Iterator<Item = Vec<Arc<LeaseInfo>>> {
+    let mut groups: HashMap<u16, Vec<Arc<LeaseInfo>>> = HashMap::new();
+    for lease in due {
+        groups.entry(group(&lease.key)).or_default().push(lease);
+    }
+    groups.into_values().flat_map(|mut g| {
+        let mut out = Vec::with_capacity(g.len().div_ceil(MAX_BATCH));
+        while !g.is_empty() {
+            let rest = g.split_off(g.len().min(MAX_BATCH));
+            out.push(std::mem::replace(&mut g, rest));
+        }
+        out
+    })
 }
 
 async fn renew(
@@ -528,6 +543,41 @@ mod tests {
             unreachable!()
         };
         m.pttl("lock:k")
+    }
+
+    #[test]
+    fn renewal_batches_hold_one_group_and_at_most_max_batch() {
+        let leases: Vec<Arc<LeaseInfo>> = (0..1_203u64)
+            .map(|id| {
+                let turn = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+                let ttl = Duration::from_secs(3);
+                let lease = NewLease {
+                    id,
+                    key: LockKey::new("lock:", &format!("k{id}")).unwrap(),
+                    token: Token::new(),
+                    ttl,
+                    watchdog: true,
+                    safety: SAFETY,
+                    max_hold: None,
+                    min_hold: None,
+                    sent: Instant::now(),
+                    lease: ttl,
+                };
+                Arc::new(LeaseInfo::new(lease, turn))
+            })
+            .collect();
+        // Two groups: 1,083 leases in group 0 (three calls), 120 in group 1 (one call).
+        let group = |k: &LockKey| u16::from(k.lock().ends_with('7'));
+        let out: Vec<_> = batches(leases, group).collect();
+        let mut sizes: Vec<usize> = out.iter().map(Vec::len).collect();
+        sizes.sort_unstable();
+        assert_eq!(sizes, [83, 120, 500, 500]);
+        for b in &out {
+            assert!(b.iter().all(|l| group(&l.key) == group(&b[0].key)));
+        }
+        let mut ids: Vec<u64> = out.iter().flatten().map(|l| l.id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..1_203).collect::<Vec<_>>());
     }
 
     #[test]

@@ -135,8 +135,19 @@ impl Backend {
         }
     }
 
+    /// Which renewals may share one call: a cluster slot (a script touches one slot, and a
+    /// slow or unreachable master must delay only its own leases); one group otherwise.
+    pub(crate) fn renewal_group(&self, key: &LockKey) -> u16 {
+        match self {
+            Backend::Redis(b) => b.renewal_group(key),
+            Backend::Memory(_) => 0,
+        }
+    }
+
     /// Renews each lease if its token still owns it: one outcome per lease, so a failure
-    /// (one cluster slot's master unreachable) affects only the leases it concerns.
+    /// affects only the leases it concerns. All of `batch` is of one [`renewal_group`].
+    ///
+    /// [`renewal_group`]: Backend::renewal_group
     pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Vec<Renewed> {
         match self {
             Backend::Redis(b) => b.renew(batch).await,

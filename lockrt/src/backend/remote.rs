@@ -91,6 +91,15 @@ fn script_cmd<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
     cmd
 }
 
+/// The cluster slot of a script call's first key (all of its keys share it): where its
+/// `WAIT` must go. Arguments: verb, script, key count, then the keys.
+fn first_key_slot(cmd: &Cmd) -> u16 {
+    match cmd.args_iter().nth(3) {
+        Some(redis::Arg::Simple(key)) => slot_of(key),
+        _ => 0,
+    }
+}
+
 /// Request ids: unique per process, which is all that can share a connection.
 static NEXT_RID: AtomicU64 = AtomicU64::new(1);
 
@@ -243,7 +252,13 @@ impl RedisBackend {
             owner,
         } = settings;
         let shown = topology_for_messages(&topology);
-        let connector = Connector::new(topology.clone(), &tls, timeouts).map_err(|e| {
+        // A cluster connection applies its response timeout itself: give `WAIT` its time.
+        let wait = sync.map_or(Duration::ZERO, |s| s.timeout);
+        let replies = Timeouts {
+            response: timeouts.response.saturating_add(wait),
+            ..timeouts
+        };
+        let connector = Connector::new(topology.clone(), &tls, replies).map_err(|e| {
             let msg = scrub_topology(&e.to_string(), &topology);
             BackendError::new(
                 shown.clone(),
@@ -252,14 +267,6 @@ impl RedisBackend {
             .with_hint("check the URLs and the builder's settings")
             .permanent()
         })?;
-        if sync.is_some() && connector.is_cluster() {
-            return Err(BackendError::new(
-                shown,
-                "sync_replicas is not supported with a cluster topology",
-            )
-            .with_hint("use a standalone or Sentinel topology, or drop sync_replicas")
-            .permanent());
-        }
         let connector = Arc::new(connector);
         let addr = connector.describe();
         let secret = connector.secret();
@@ -272,7 +279,7 @@ impl RedisBackend {
         let link = Arc::new(Link {
             connector: connector.clone(),
             timeouts,
-            wait: sync.map_or(Duration::ZERO, |s| s.timeout),
+            wait,
             slot: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
@@ -407,7 +414,7 @@ impl RedisBackend {
     ) -> Result<Vec<Value>, BackendError> {
         let rid = NEXT_RID.fetch_add(1, Ordering::Relaxed);
         let (mut conn, generation) = self.conn().await?;
-        let sync = self.sync.filter(|_| wait && conn.is_single());
+        let sync = self.sync.filter(|_| wait);
         let cmd = script_cmd("EVALSHA", &script.hash, rid, &call);
         let mut res = self.send(&mut conn, sync, cmd).await;
         if res.as_ref().is_err_and(is_noscript) {
@@ -450,12 +457,13 @@ impl RedisBackend {
         match sync {
             None => Ok(vec![conn.req_packed_command(&cmd).await?.extract_error()?]),
             Some(s) => {
+                let slot = first_key_slot(&cmd);
                 let mut pipe = redis::pipe();
                 pipe.add_command(cmd)
                     .cmd("WAIT")
                     .arg(s.replicas)
                     .arg(millis(s.timeout));
-                let replies = conn.req_packed_commands(&pipe, 0, 2).await?;
+                let replies = conn.pipeline_at(pipe, slot).await?;
                 replies.into_iter().map(Value::extract_error).collect()
             }
         }
@@ -535,31 +543,21 @@ impl RedisBackend {
         })
     }
 
+    /// The cluster slot of the lock; 0 off a cluster, where any renewals share a call.
+    pub(crate) fn renewal_group(&self, key: &LockKey) -> u16 {
+        if self.connector.is_cluster() {
+            slot_of(key.lock().as_bytes())
+        } else {
+            0
+        }
+    }
+
+    /// One script call for `batch`, whose locks share one [`renewal_group`] (a script may
+    /// touch the keys of one cluster slot only).
+    ///
+    /// [`renewal_group`]: RedisBackend::renewal_group
     pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Vec<Renewed> {
-        if !self.connector.is_cluster() {
-            return per_lease(self.renew_one_call(batch).await, batch.len());
-        }
-        // A script may only touch keys of one slot: one call per slot, all at once, and a
-        // slot whose master is unreachable fails only its own leases.
-        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
-        for (i, r) in batch.iter().enumerate() {
-            by_slot
-                .entry(slot_of(r.lock.as_bytes()))
-                .or_default()
-                .push(i);
-        }
-        let calls = by_slot.values().map(|idx| {
-            let part: Vec<Renewal<'_>> = idx.iter().map(|&i| batch[i]).collect();
-            async move { per_lease(self.renew_one_call(&part).await, part.len()) }
-        });
-        let results = futures_util::future::join_all(calls).await;
-        let mut out: Vec<Renewed> = vec![Ok(false); batch.len()];
-        for (idx, res) in by_slot.values().zip(results) {
-            for (&i, r) in idx.iter().zip(res) {
-                out[i] = r;
-            }
-        }
-        out
+        per_lease(self.renew_one_call(batch).await, batch.len())
     }
 
     async fn renew_one_call(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {

@@ -65,9 +65,28 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
-    /// Whether `WAIT` on this connection reaches the master that ran the previous command.
-    pub(crate) fn is_single(&self) -> bool {
-        matches!(self, Conn::Single(_))
+    /// Sends `pipe` as one batch to the server that owns `slot`: the only server of a
+    /// standalone or Sentinel connection, the slot's master on a Cluster. A `WAIT` in `pipe`
+    /// thus follows the script before it on the same node connection and counts its writes.
+    /// (A Cluster answers `MOVED` inside the batch when its slot map is stale; that error
+    /// makes the caller rebuild the connection, as any redirection does.)
+    pub(crate) async fn pipeline_at(
+        &mut self,
+        pipe: Pipeline,
+        slot: u16,
+    ) -> redis::RedisResult<Vec<Value>> {
+        #[cfg(not(feature = "cluster"))]
+        let _ = slot;
+        match self {
+            Conn::Single(c) => c.req_packed_commands(&pipe, 0, pipe.len()).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                let n = pipe.len();
+                c.route_pipeline(pipe, 0, n, route).await
+            }
+        }
     }
 }
 
