@@ -76,6 +76,23 @@ struct Call<K, A> {
     args: A,
 }
 
+/// A script's reply without its request id, and, when `sync_replicas` asked for
+/// acknowledgement and too few replicas gave it, the error saying so (the script ran).
+struct Reply {
+    values: Vec<Value>,
+    unacknowledged: Option<BackendError>,
+}
+
+impl Reply {
+    /// The values, if the write counts.
+    fn acknowledged(self) -> Result<Vec<Value>, BackendError> {
+        match self.unacknowledged {
+            None => Ok(self.values),
+            Some(e) => Err(e),
+        }
+    }
+}
+
 /// `EVALSHA hash …` or `EVAL code …` for `call`, with the request id as the first argument.
 fn script_cmd<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
     verb: &str,
@@ -402,8 +419,8 @@ impl RedisBackend {
     }
 
     /// Runs `script` with the keys and arguments `fill` appends (after the request id
-    /// `rid`), and returns its reply without the id. `wait`: follow it with `WAIT` and require
-    /// the configured replica acknowledgements. A reply with another id (a shifted pipeline),
+    /// `rid`), and returns its reply without the id. `wait`: follow it with `WAIT` and check
+    /// the configured replica acknowledgements (see [`Reply`]). A reply with another id (a shifted pipeline),
     /// a timeout or a broken connection discards the connection and is a transient error: the
     /// request may or may not have run.
     async fn invoke<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
@@ -411,7 +428,7 @@ impl RedisBackend {
         script: &Lua,
         wait: bool,
         call: Call<K, A>,
-    ) -> Result<Vec<Value>, BackendError> {
+    ) -> Result<Reply, BackendError> {
         let rid = NEXT_RID.fetch_add(1, Ordering::Relaxed);
         let (mut conn, generation) = self.conn().await?;
         let sync = self.sync.filter(|_| wait);
@@ -439,10 +456,14 @@ impl RedisBackend {
             return Err(self.mismatch());
         }
         reply.remove(0);
-        if let (Some(sync), Some(acks)) = (sync, acks) {
-            self.check_acks(sync, &acks)?;
-        }
-        Ok(reply)
+        let unacknowledged = match (sync, acks) {
+            (Some(sync), Some(acks)) => self.check_acks(sync, &acks).err(),
+            _ => None,
+        };
+        Ok(Reply {
+            values: reply,
+            unacknowledged,
+        })
     }
 
     /// The script call alone, or followed by `WAIT` in one pipeline (so `WAIT` counts the
@@ -521,14 +542,13 @@ impl RedisBackend {
                     .arg(&self.owner);
             },
         };
-        let reply = match self.invoke(&ACQUIRE, true, call).await {
-            Err(e) if e.message().contains("replicas acknowledged") => {
-                // Not acknowledged: the lock must not count, so it must not stay either.
-                let _ = self.release(key, token).await;
-                return Err(e);
-            }
-            res => ints(&res?),
-        };
+        let reply = self.invoke(&ACQUIRE, true, call).await?;
+        if let Some(e) = reply.unacknowledged {
+            // Not acknowledged: the lock must not count, so it must not stay either.
+            let _ = self.release(key, token).await;
+            return Err(e);
+        }
+        let reply = ints(&reply.values);
         let n = reply.get(1).copied().unwrap_or(0);
         Ok(if reply.first() == Some(&1) {
             Attempt::Acquired {
@@ -580,7 +600,7 @@ impl RedisBackend {
                 }
             },
         };
-        let out = ints(&self.invoke(&RENEW, true, call).await?);
+        let out = ints(&self.invoke(&RENEW, true, call).await?.acknowledged()?);
         if out.len() != batch.len() {
             return Err(BackendError::new(
                 self.addr.clone(),
@@ -616,7 +636,7 @@ impl RedisBackend {
             },
         };
         let script = if token.is_some() { &*RELEASE } else { &*FORCE };
-        let reply = ints(&self.invoke(script, false, call).await?);
+        let reply = ints(&self.invoke(script, false, call).await?.values);
         Ok(match reply.first() {
             Some(0) => Released::NotOwner,
             Some(2) => Released::HandedOver,
@@ -644,7 +664,7 @@ impl RedisBackend {
             },
             args: |_: &mut Cmd| {},
         };
-        let reply = self.invoke(&INSPECT, false, call).await?;
+        let reply = self.invoke(&INSPECT, false, call).await?.values;
         let text = |i: usize| match reply.get(i) {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
             Some(Value::SimpleString(s)) => s.clone(),
