@@ -179,31 +179,7 @@ impl LockerBuilder {
             response_timeout,
             safety_margin,
         } = config;
-        let servers = [url.is_some(), !cluster.is_empty(), !sentinels.is_empty()];
-        if servers.iter().filter(|s| **s).count() > 1 {
-            return Err(LockError::Config(
-                "give only one of `url`, `cluster` and `sentinels`".into(),
-            ));
-        }
-        let mut b = LockerBuilder::default();
-        if let Some(url) = url {
-            b = b.url(url);
-        }
-        if !cluster.is_empty() {
-            b = b.cluster(cluster);
-        }
-        match (sentinels.is_empty(), service) {
-            (false, Some(service)) => b = b.sentinel(sentinels, service),
-            (false, None) => {
-                return Err(LockError::Config(
-                    "`sentinels` needs `service`, the master's name".into(),
-                ));
-            }
-            (true, Some(_)) => {
-                return Err(LockError::Config("`service` needs `sentinels`".into()));
-            }
-            (true, None) => {}
-        }
+        let mut b = servers(LockerBuilder::default(), url, cluster, sentinels, service)?;
         if let Some(prefix) = prefix {
             b = b.prefix(prefix);
         }
@@ -228,6 +204,33 @@ impl LockerBuilder {
             b = b.safety_margin(m);
         }
         Ok(b)
+    }
+}
+
+/// The builder with the one topology the settings name: `url`, `cluster` seeds, or
+/// `sentinels` with the `service` they watch.
+fn servers(
+    b: LockerBuilder,
+    url: Option<String>,
+    cluster: Vec<String>,
+    sentinels: Vec<String>,
+    service: Option<String>,
+) -> Result<LockerBuilder, LockError> {
+    let given = [url.is_some(), !cluster.is_empty(), !sentinels.is_empty()];
+    if given.iter().filter(|s| **s).count() > 1 {
+        return Err(LockError::Config(
+            "give only one of `url`, `cluster` and `sentinels`".into(),
+        ));
+    }
+    match (url, sentinels.is_empty(), service) {
+        (_, false, None) => Err(LockError::Config(
+            "`sentinels` needs `service`, the master's name".into(),
+        )),
+        (_, true, Some(_)) => Err(LockError::Config("`service` needs `sentinels`".into())),
+        (_, false, Some(service)) => Ok(b.sentinel(sentinels, service)),
+        (Some(url), true, None) => Ok(b.url(url)),
+        (None, true, None) if !cluster.is_empty() => Ok(b.cluster(cluster)),
+        (None, true, None) => Ok(b),
     }
 }
 

@@ -76,6 +76,30 @@ struct Call<K, A> {
     args: A,
 }
 
+/// Parses the topology into a [`Connector`]; an invalid URL or setting is a permanent error
+/// that names no password. `wait`: the longest `WAIT`, added to the response timeout of a
+/// cluster connection (which applies that timeout itself).
+fn connector(
+    topology: Topology,
+    tls: &TlsFiles,
+    timeouts: Timeouts,
+    wait: Duration,
+) -> Result<Connector, BackendError> {
+    let replies = Timeouts {
+        response: timeouts.response.saturating_add(wait),
+        ..timeouts
+    };
+    Connector::new(topology.clone(), tls, replies).map_err(|e| {
+        let msg = scrub_topology(&e.to_string(), &topology);
+        BackendError::new(
+            topology_for_messages(&topology),
+            format!("invalid Redis URL or setting: {msg}"),
+        )
+        .with_hint("check the URLs and the builder's settings")
+        .permanent()
+    })
+}
+
 /// A script's reply without its request id, and, when `sync_replicas` asked for
 /// acknowledgement and too few replicas gave it, the error saying so (the script ran).
 struct Reply {
@@ -168,6 +192,18 @@ struct Link {
 }
 
 impl Link {
+    fn new(connector: Arc<Connector>, timeouts: Timeouts, wait: Duration) -> Link {
+        Link {
+            connector,
+            timeouts,
+            wait,
+            slot: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            generation: AtomicU64::new(0),
+            rebuilding: AtomicBool::new(false),
+        }
+    }
+
     fn config(&self) -> AsyncConnectionConfig {
         AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeouts.connect))
@@ -268,23 +304,8 @@ impl RedisBackend {
             sync,
             owner,
         } = settings;
-        let shown = topology_for_messages(&topology);
-        // A cluster connection applies its response timeout itself: give `WAIT` its time.
         let wait = sync.map_or(Duration::ZERO, |s| s.timeout);
-        let replies = Timeouts {
-            response: timeouts.response.saturating_add(wait),
-            ..timeouts
-        };
-        let connector = Connector::new(topology.clone(), &tls, replies).map_err(|e| {
-            let msg = scrub_topology(&e.to_string(), &topology);
-            BackendError::new(
-                shown.clone(),
-                format!("invalid Redis URL or setting: {msg}"),
-            )
-            .with_hint("check the URLs and the builder's settings")
-            .permanent()
-        })?;
-        let connector = Arc::new(connector);
+        let connector = Arc::new(connector(topology, &tls, timeouts, wait)?);
         let addr = connector.describe();
         let secret = connector.secret();
         let subscriber = Subscriber::new(
@@ -293,15 +314,7 @@ impl RedisBackend {
             timeouts.connect.saturating_add(timeouts.response),
             secret.clone(),
         );
-        let link = Arc::new(Link {
-            connector: connector.clone(),
-            timeouts,
-            wait,
-            slot: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            generation: AtomicU64::new(0),
-            rebuilding: AtomicBool::new(false),
-        });
+        let link = Arc::new(Link::new(connector.clone(), timeouts, wait));
         let backend = RedisBackend {
             connector,
             addr,

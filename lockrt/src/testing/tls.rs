@@ -51,6 +51,22 @@ pub struct TlsMaterial {
     client_key: String,
 }
 
+/// A fresh self-signed CA: the issuer of the test's leaf certificates, and its PEM.
+fn test_ca() -> Result<(Issuer<'static, KeyPair>, String), rcgen::Error> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name
+        .push(DnType::CommonName, "lockrt test CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let pem = ca.self_signed(&ca_key)?.pem();
+    Ok((Issuer::new(ca, ca_key), pem))
+}
+
 impl TlsMaterial {
     /// Generates fresh keys and certificates and writes them to `dir` (created if missing) as
     /// `ca.crt`, `server.crt`, `server.key`, `client.crt` and `client.key`. Every call makes
@@ -61,19 +77,7 @@ impl TlsMaterial {
         let fail =
             |e: rcgen::Error| io::Error::other(format!("generating a test certificate: {e}"));
 
-        let ca_key = KeyPair::generate().map_err(fail)?;
-        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(fail)?;
-        ca.distinguished_name
-            .push(DnType::CommonName, "lockrt test CA");
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca_cert = ca.self_signed(&ca_key).map_err(fail)?;
-        let issuer = Issuer::new(ca, ca_key);
-
+        let (issuer, ca_pem) = test_ca().map_err(fail)?;
         let leaf =
             |names: Vec<String>, cn: &str, usage| -> Result<(String, String), rcgen::Error> {
                 let key = KeyPair::generate()?;
@@ -101,7 +105,7 @@ impl TlsMaterial {
 
         let material = TlsMaterial {
             dir,
-            ca_cert: ca_cert.pem(),
+            ca_cert: ca_pem,
             server_cert,
             server_key,
             client_cert,
