@@ -39,10 +39,13 @@ pub(crate) fn getconf(name: &str, fallback: u64) -> u64 {
         .unwrap_or(fallback)
 }
 
-/// Live heap bytes of the whole process (counting allocator).
+/// Live heap bytes of the whole process (counting allocator). `stats_alloc` already adds a
+/// `realloc`'s growth to `bytes_allocated` (and a shrink to `bytes_deallocated`);
+/// `bytes_reallocated` is the same change again, so adding it would count every buffer that
+/// grew and was freed in between as still live.
 pub(crate) fn heap_bytes() -> i64 {
     let s = GLOBAL.stats();
-    s.bytes_allocated as i64 - s.bytes_deallocated as i64 + s.bytes_reallocated as i64
+    s.bytes_allocated as i64 - s.bytes_deallocated as i64
 }
 
 /// `calls` per command from `INFO commandstats`.
