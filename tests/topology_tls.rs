@@ -2,10 +2,11 @@
 //! TLS, with certificates from a private CA made by the test: trusted through `tls_ca_pem`,
 //! with a client certificate when the server requires one; without the CA, or without the
 //! client certificate, the connect fails with the TLS advice (and never panics inside rustls).
+//! The same through Sentinel: sentinels and data servers on TLS only for clients, one CA.
 
 mod topology_support;
 
-use lockrt::testing::{RedisTlsServer, TlsMaterial};
+use lockrt::testing::{RedisSentinelGroup, RedisTlsServer, TlsMaterial};
 use lockrt::{LockError, LockOptions, Locker};
 use tokio::time::Instant;
 use topology_support::{Raw, TempDir, figure, ms, ms_f};
@@ -52,6 +53,10 @@ async fn lock_wait_release(a: &Locker, b: &Locker, raw: &mut Raw, case: &str) {
 
 /// A direct TLS connection, to look at the lock's queue.
 async fn raw(server: &RedisTlsServer, m: &TlsMaterial, client_cert: bool) -> Raw {
+    raw_at(&server.url(), m, client_cert).await
+}
+
+async fn raw_at(url: &str, m: &TlsMaterial, client_cert: bool) -> Raw {
     let certs = redis::TlsCertificates {
         client_tls: client_cert.then(|| redis::ClientTlsConfig {
             client_cert: m.client_cert_pem().as_bytes().to_vec(),
@@ -59,7 +64,7 @@ async fn raw(server: &RedisTlsServer, m: &TlsMaterial, client_cert: bool) -> Raw
         }),
         root_cert: Some(m.ca_cert_pem().as_bytes().to_vec()),
     };
-    let client = redis::Client::build_with_tls(server.url(), certs).expect("TLS client");
+    let client = redis::Client::build_with_tls(url, certs).expect("TLS client");
     Raw::Single(
         client
             .get_multiplexed_async_connection()
@@ -143,4 +148,33 @@ async fn tls_without_the_ca_fails_with_the_tls_advice() {
         .build()
         .await;
     tls_error(wrong, "tls_with_another_ca_fails_with_the_tls_advice");
+}
+
+/// Sentinels and data servers speaking TLS with certificates of the test's private CA: the
+/// CA given to the builder is used for the sentinels and for the master they name; without
+/// it, the connect fails with the TLS advice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_sentinel_with_a_private_ca() {
+    let dir = TempDir::new("tls-sentinel");
+    let m = material(&dir);
+    let group = RedisSentinelGroup::start_tls("locks", 1, &m).expect("TLS sentinel group");
+    let urls = group.sentinel_urls();
+    assert!(urls.iter().all(|u| u.starts_with("rediss://")), "{urls:?}");
+    let build = || {
+        Locker::builder()
+            .sentinel(urls.clone(), "locks")
+            .tls_ca_pem(m.ca_cert_pem())
+            .build()
+    };
+    let (a, b) = (build().await.unwrap(), build().await.unwrap());
+    let master = format!("rediss://127.0.0.1:{}/", group.master_port().unwrap());
+    let mut raw = raw_at(&master, &m, false).await;
+    lock_wait_release(&a, &b, &mut raw, "tls_sentinel_with_a_private_ca").await;
+    tls_error(
+        Locker::builder()
+            .sentinel(urls.clone(), "locks")
+            .build()
+            .await,
+        "tls_sentinel_without_the_ca_fails_with_the_tls_advice",
+    );
 }

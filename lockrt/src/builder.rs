@@ -118,7 +118,9 @@ impl LockerBuilder {
 
     /// The master of `service` as these Sentinels name it (feature `sentinel`). The master is
     /// resolved again whenever a connection fails or finds a demoted master, so locks follow a
-    /// failover. The sentinel URLs' credentials and TLS mode are used for the master too.
+    /// failover. The sentinel URLs' credentials and TLS mode are used for the master too, and
+    /// so are [`tls_ca_pem`](Self::tls_ca_pem) and
+    /// [`tls_client_cert_pem`](Self::tls_client_cert_pem).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockrt::LockError> {

@@ -15,10 +15,8 @@
 //!   master keeps accepting writes for seconds after the switch.
 //!
 //! TLS (feature `tls`) uses rustls with a crypto provider this crate installs, and accepts a
-//! private CA and a client certificate for standalone servers and clusters. With Sentinel,
-//! `rediss://` sentinel URLs make the master connections TLS too, but verified against the
-//! system's roots only: redis-rs's `Sentinel` takes certificates only through
-//! `SentinelClientBuilder`, which this module does not use yet.
+//! private CA and a client certificate for every topology. With Sentinel, `rediss://` sentinel
+//! URLs make the master connections TLS too, with the same CA and client certificate.
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisFuture, Value};
@@ -134,9 +132,10 @@ pub(crate) enum Connector {
     },
     #[cfg(feature = "sentinel")]
     Sentinel {
-        sentinel: tokio::sync::Mutex<redis::sentinel::Sentinel>,
+        /// Asks the sentinels for the master, and builds its client (credentials, TLS mode and
+        /// certificates of the sentinel URLs and the builder).
+        sentinel: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
         service: String,
-        node: redis::sentinel::SentinelNodeConnectionInfo,
         first: Client,
         switches: SwitchWatch,
     },
@@ -200,20 +199,10 @@ impl Connector {
 
     #[cfg(feature = "sentinel")]
     async fn master(&self) -> redis::RedisResult<Client> {
-        let Connector::Sentinel {
-            sentinel,
-            service,
-            node,
-            ..
-        } = self
-        else {
+        let Connector::Sentinel { sentinel, .. } = self else {
             unreachable!("only called on a sentinel connector")
         };
-        sentinel
-            .lock()
-            .await
-            .async_master_for(service, Some(node))
-            .await
+        sentinel.lock().await.async_get_client().await
     }
 
     /// Master switches seen so far (always 0 without Sentinel): a connection opened before
@@ -420,6 +409,7 @@ fn sentinel(
     tls: &TlsFiles,
 ) -> redis::RedisResult<Connector> {
     use redis::IntoConnectionInfo;
+    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
     let first = client(
         sentinels.first().ok_or_else(|| {
             redis::RedisError::from((
@@ -429,26 +419,49 @@ fn sentinel(
         })?,
         tls,
     )?;
-    let info = sentinels[0].as_str().into_connection_info()?;
-    // The masters use the credentials and TLS mode of the sentinel URLs.
-    let mut node = redis::sentinel::SentinelNodeConnectionInfo::default()
-        .set_redis_connection_info(info.redis_settings().clone());
-    if let ConnectionAddr::TcpTls { insecure, .. } = info.addr() {
-        node = node.set_tls_mode(if *insecure {
+    let infos = sentinels
+        .iter()
+        .map(|s| s.as_str().into_connection_info())
+        .collect::<redis::RedisResult<Vec<_>>>()?;
+    let mut builder = SentinelClientBuilder::new(
+        infos.iter().map(|i| i.addr().clone()),
+        &service,
+        SentinelServerType::Master,
+    )?;
+    // The sentinels and the masters use the credentials and TLS mode of the first URL.
+    let settings = infos[0].redis_settings();
+    if let Some(user) = settings.username() {
+        builder = builder
+            .set_client_to_sentinel_username(user)
+            .set_client_to_redis_username(user);
+    }
+    if let Some(password) = settings.password() {
+        builder = builder
+            .set_client_to_sentinel_password(password)
+            .set_client_to_redis_password(password);
+    }
+    builder = builder.set_client_to_redis_db(settings.db());
+    if let ConnectionAddr::TcpTls { insecure, .. } = infos[0].addr() {
+        builder = builder.set_client_to_redis_tls_mode(if *insecure {
             redis::TlsMode::Insecure
         } else {
             redis::TlsMode::Secure
         });
+        #[cfg(feature = "tls")]
+        if !tls.is_empty() {
+            builder = builder
+                .set_client_to_sentinel_certificates(certificates(tls))
+                .set_client_to_redis_certificates(certificates(tls));
+        }
     }
     let watchers = sentinels
         .iter()
         .map(|s| client(s, tls))
         .collect::<redis::RedisResult<Vec<Client>>>()?;
     Ok(Connector::Sentinel {
-        sentinel: tokio::sync::Mutex::new(redis::sentinel::Sentinel::build(sentinels.to_vec())?),
+        sentinel: tokio::sync::Mutex::new(builder.build()?),
         switches: SwitchWatch::new(watchers, service.clone()),
         service,
-        node,
         first,
     })
 }

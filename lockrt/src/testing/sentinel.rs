@@ -52,6 +52,10 @@ const MAX_SENTINELS: usize = 7;
 pub struct RedisSentinelGroup {
     service: String,
     servers: Vec<RedisServer>,
+    /// Each data server's port as the sentinels name it: its TLS port in a TLS group.
+    announced: Vec<u16>,
+    /// The sentinels' TLS ports (empty without TLS); their plain ports serve this module.
+    sentinel_tls: Vec<u16>,
     // Before `dirs`: a sentinel is killed before its directory is removed.
     sentinels: Vec<Daemon>,
     _dirs: Vec<tempfile::TempDir>,
@@ -66,33 +70,36 @@ impl RedisSentinelGroup {
     /// `service` is letters, digits, `.`, `_` and `-`. Fails with the install command when
     /// `redis-server` is missing.
     pub fn start(service: &str, sentinels: usize) -> io::Result<RedisSentinelGroup> {
-        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-        if service.is_empty() || !service.chars().all(valid) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("service name {service:?}: use letters, digits, '.', '_' and '-'"),
-            ));
-        }
-        if !(1..=MAX_SENTINELS).contains(&sentinels) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a sentinel group has 1 to {MAX_SENTINELS} sentinels, not {sentinels}"),
-            ));
-        }
-        let sync = [
-            "--repl-diskless-sync",
-            "yes",
-            "--repl-diskless-sync-delay",
-            "0",
-        ];
-        let master = RedisServer::start_with(&sync)?;
-        let master_port = master.port().to_string();
-        let mut replica_args = vec!["--replicaof", "127.0.0.1", &master_port];
-        replica_args.extend(sync);
-        let replica = RedisServer::start_with(&replica_args)?;
+        RedisSentinelGroup::start_inner(service, sentinels, None)
+    }
+
+    /// Like [`start`](Self::start), with TLS everywhere clients go: the data servers and the
+    /// sentinels also listen on a TLS port with `material`'s server certificate (clients need
+    /// no certificate), replication and the sentinels' own connections use TLS, and the
+    /// sentinels name the data servers by their TLS ports. [`sentinel_urls`](Self::sentinel_urls)
+    /// are `rediss://` URLs; trusting them needs `material`'s CA.
+    pub fn start_tls(
+        service: &str,
+        sentinels: usize,
+        material: &super::TlsMaterial,
+    ) -> io::Result<RedisSentinelGroup> {
+        RedisSentinelGroup::start_inner(service, sentinels, Some(material))
+    }
+
+    fn start_inner(
+        service: &str,
+        sentinels: usize,
+        tls: Option<&super::TlsMaterial>,
+    ) -> io::Result<RedisSentinelGroup> {
+        check_group(service, sentinels)?;
+        let (master, master_at) = data_server(&[], tls)?;
+        let master_port = master_at.to_string();
+        let (replica, replica_at) = data_server(&["--replicaof", "127.0.0.1", &master_port], tls)?;
         let mut group = RedisSentinelGroup {
             service: service.to_owned(),
             servers: vec![master, replica],
+            announced: vec![master_at, replica_at],
+            sentinel_tls: Vec::new(),
             sentinels: Vec::with_capacity(sentinels),
             _dirs: Vec::with_capacity(sentinels),
         };
@@ -101,8 +108,14 @@ impl RedisSentinelGroup {
             let dir = tempfile::Builder::new()
                 .prefix("lockrt-sentinel-")
                 .tempdir()?;
-            let sentinel = start_sentinel(&dir, service, group.servers[0].port(), quorum)?;
+            let monitor = Monitor {
+                service,
+                master: master_at,
+                quorum,
+            };
+            let (sentinel, tls_port) = start_sentinel(&dir, &monitor, tls)?;
             group.sentinels.push(sentinel);
+            group.sentinel_tls.extend(tls_port);
             group._dirs.push(dir);
         }
         group.wait_ready()?;
@@ -110,12 +123,15 @@ impl RedisSentinelGroup {
     }
 
     fn wait_ready(&self) -> io::Result<()> {
-        let (master, replica) = (self.servers[0].port(), self.servers[1].port());
+        let (master, replica) = (self.announced[0], self.announced[1]);
+        let replica_plain = self.servers[1].port();
         let others = (self.sentinels.len() - 1).to_string();
         wait_until("the sentinel group to be ready", READY_TIMEOUT, || {
-            let repl: String = query(replica, redis::cmd("INFO").arg("replication"))?;
+            let repl: String = query(replica_plain, redis::cmd("INFO").arg("replication"))?;
             if !repl.contains("master_link_status:up") {
-                return Err(format!("replica 127.0.0.1:{replica} is not in sync yet"));
+                return Err(format!(
+                    "replica 127.0.0.1:{replica_plain} is not in sync yet"
+                ));
             }
             for sentinel in &self.sentinels {
                 let port = sentinel.port();
@@ -154,8 +170,16 @@ impl RedisSentinelGroup {
         &self.service
     }
 
-    /// `redis://127.0.0.1:<port>/` of every sentinel.
+    /// `redis://127.0.0.1:<port>/` of every sentinel (`rediss://` and the TLS ports in a
+    /// group from [`start_tls`](Self::start_tls)).
     pub fn sentinel_urls(&self) -> Vec<String> {
+        if !self.sentinel_tls.is_empty() {
+            return self
+                .sentinel_tls
+                .iter()
+                .map(|p| format!("rediss://127.0.0.1:{p}/"))
+                .collect();
+        }
         self.sentinels
             .iter()
             .map(|s| format!("redis://127.0.0.1:{}/", s.port()))
@@ -175,7 +199,8 @@ impl RedisSentinelGroup {
             .collect()
     }
 
-    /// The port of the master, as the first sentinel that answers names it now.
+    /// The port of the master, as the first sentinel that answers names it now (a TLS port
+    /// in a group from [`start_tls`](Self::start_tls)).
     pub fn master_port(&self) -> io::Result<u16> {
         let mut last = String::from("the group has no sentinel");
         for sentinel in &self.sentinels {
@@ -187,14 +212,16 @@ impl RedisSentinelGroup {
         Err(io::Error::other(last))
     }
 
-    /// The ports of the running data servers other than the master.
+    /// The ports of the running data servers other than the master, as the sentinels name
+    /// them.
     pub fn replica_ports(&self) -> io::Result<Vec<u16>> {
         let master = self.master_port()?;
         Ok(self
             .servers
             .iter()
-            .filter(|s| s.pid().is_some() && s.port() != master)
-            .map(RedisServer::port)
+            .zip(&self.announced)
+            .filter(|(s, port)| s.pid().is_some() && **port != master)
+            .map(|(_, port)| *port)
             .collect())
     }
 
@@ -203,17 +230,18 @@ impl RedisSentinelGroup {
         &self.servers
     }
 
-    /// The data server on `port`, to pause, resume, kill or restart it.
+    /// The data server on `port` (as the sentinels name it), to pause, resume, kill or
+    /// restart it.
     pub fn server_mut(&mut self, port: u16) -> Option<&mut RedisServer> {
-        self.servers.iter_mut().find(|s| s.port() == port)
+        let i = self.announced.iter().position(|p| *p == port)?;
+        self.servers.get_mut(i)
     }
 
     /// The data server the sentinels name as master now.
     pub fn master(&self) -> io::Result<&RedisServer> {
         let port = self.master_port()?;
-        self.servers
-            .iter()
-            .find(|s| s.port() == port)
+        let i = self.announced.iter().position(|p| *p == port);
+        i.and_then(|i| self.servers.get(i))
             .ok_or_else(|| io::Error::other(format!("the sentinels name an unknown master {port}")))
     }
 
@@ -290,50 +318,138 @@ fn pairs(flat: &[String]) -> std::collections::HashMap<String, String> {
         .collect()
 }
 
-fn start_sentinel(
-    dir: &tempfile::TempDir,
-    service: &str,
+/// Refuses a service name a config file can't hold and a group size out of range.
+fn check_group(service: &str, sentinels: usize) -> io::Result<()> {
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if service.is_empty() || !service.chars().all(valid) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("service name {service:?}: use letters, digits, '.', '_' and '-'"),
+        ));
+    }
+    if !(1..=MAX_SENTINELS).contains(&sentinels) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a sentinel group has 1 to {MAX_SENTINELS} sentinels, not {sentinels}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The `redis-server` settings that make a process speak TLS on `port` with `material`'s
+/// server certificate, replicate over TLS and connect to others with it; clients need none.
+fn tls_settings(port: u16, material: &super::TlsMaterial) -> Vec<(String, String)> {
+    let path = |p: std::path::PathBuf| p.display().to_string();
+    vec![
+        ("tls-port".into(), port.to_string()),
+        ("tls-cert-file".into(), path(material.server_cert_path())),
+        ("tls-key-file".into(), path(material.server_key_path())),
+        ("tls-ca-cert-file".into(), path(material.ca_cert_path())),
+        ("tls-auth-clients".into(), "no".into()),
+        ("tls-replication".into(), "yes".into()),
+    ]
+}
+
+/// A data server with `args`, quick to sync a replica; with `tls`, also on a TLS port.
+/// Returns it and the port the sentinels will know it by.
+fn data_server(args: &[&str], tls: Option<&super::TlsMaterial>) -> io::Result<(RedisServer, u16)> {
+    let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    for a in [
+        "--repl-diskless-sync",
+        "yes",
+        "--repl-diskless-sync-delay",
+        "0",
+    ] {
+        all.push(a.to_owned());
+    }
+    let tls_port = tls.map(|_| free_port()).transpose()?;
+    if let (Some(port), Some(material)) = (tls_port, tls) {
+        for (k, v) in tls_settings(port, material) {
+            all.push(format!("--{k}"));
+            all.push(v);
+        }
+    }
+    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    let server = RedisServer::start_with(&refs)?;
+    let port = tls_port.unwrap_or(server.port());
+    Ok((server, port))
+}
+
+/// What a sentinel monitors: `service` at `127.0.0.1:master`, with `quorum`.
+struct Monitor<'a> {
+    service: &'a str,
     master: u16,
     quorum: usize,
-) -> io::Result<Daemon> {
+}
+
+/// A sentinel (plain port for this module; with `tls`, a TLS port too, returned).
+fn start_sentinel(
+    dir: &tempfile::TempDir,
+    monitor: &Monitor<'_>,
+    tls: Option<&super::TlsMaterial>,
+) -> io::Result<(Daemon, Option<u16>)> {
     let conf = dir.path().join("sentinel.conf");
     let log = dir.path().join("sentinel.log");
     let mut last = None;
     for _ in 0..PORT_ATTEMPTS {
         let port = free_port()?;
-        let mut text = String::new();
-        let _ = writeln!(
-            text,
-            "port {port}\nbind 127.0.0.1\ndaemonize no\nloglevel notice"
-        );
-        let _ = writeln!(
-            text,
-            "dir {}\nlogfile {}",
-            dir.path().display(),
-            log.display()
-        );
-        let _ = writeln!(
-            text,
-            "sentinel monitor {service} 127.0.0.1 {master} {quorum}"
-        );
-        let _ = writeln!(
-            text,
-            "sentinel down-after-milliseconds {service} {DOWN_AFTER_MS}"
-        );
-        let _ = writeln!(
-            text,
-            "sentinel failover-timeout {service} {FAILOVER_TIMEOUT_MS}"
-        );
-        let _ = writeln!(text, "sentinel parallel-syncs {service} 1");
-        std::fs::write(&conf, text)?;
+        let tls_port = tls.map(|_| free_port()).transpose()?;
+        std::fs::write(
+            &conf,
+            sentinel_conf(dir, &log, port, monitor, tls_port.zip(tls)),
+        )?;
         let mut cmd = redis_server();
         cmd.arg(&conf).arg("--sentinel");
         let ping = |p: u16| query::<String>(p, &redis::cmd("PING")).is_ok();
         match Daemon::start(cmd, port, log.clone(), SENTINEL_START_TIMEOUT, ping) {
-            Ok(daemon) => return Ok(daemon),
+            Ok(daemon) => return Ok((daemon, tls_port)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(e),
             Err(e) => last = Some(e),
         }
     }
     Err(last.unwrap_or_else(|| io::Error::other("could not start a sentinel")))
+}
+
+fn sentinel_conf(
+    dir: &tempfile::TempDir,
+    log: &std::path::Path,
+    port: u16,
+    m: &Monitor<'_>,
+    tls: Option<(u16, &super::TlsMaterial)>,
+) -> String {
+    let Monitor {
+        service,
+        master,
+        quorum,
+    } = m;
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "port {port}\nbind 127.0.0.1\ndaemonize no\nloglevel notice"
+    );
+    let _ = writeln!(
+        text,
+        "dir {}\nlogfile {}",
+        dir.path().display(),
+        log.display()
+    );
+    let _ = writeln!(
+        text,
+        "sentinel monitor {service} 127.0.0.1 {master} {quorum}"
+    );
+    let _ = writeln!(
+        text,
+        "sentinel down-after-milliseconds {service} {DOWN_AFTER_MS}"
+    );
+    let _ = writeln!(
+        text,
+        "sentinel failover-timeout {service} {FAILOVER_TIMEOUT_MS}"
+    );
+    let _ = writeln!(text, "sentinel parallel-syncs {service} 1");
+    if let Some((tls_port, material)) = tls {
+        for (k, v) in tls_settings(tls_port, material) {
+            let _ = writeln!(text, "{k} {v}");
+        }
+    }
+    text
 }
