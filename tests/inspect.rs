@@ -200,4 +200,12 @@ async fn memory_locks_record_their_owner_too() {
     assert_eq!(listed.len(), 1);
     g.release().await.unwrap();
     assert!(a.lock_info("x:1").await.unwrap().is_none());
+
+    // A peer is another instance: its locks name it, both lockers see them.
+    let b = a.in_memory_peer().unwrap();
+    assert_ne!(b.instance_id(), a.instance_id());
+    let _p = b.acquire("x:2", opts()).await.unwrap();
+    let holder = a.lock_info("x:2").await.unwrap().unwrap().holder.unwrap();
+    assert_eq!(holder.instance_id, b.instance_id().to_string());
+    assert_eq!(holder.service, "mem");
 }

@@ -42,6 +42,12 @@ pub(crate) fn owner_text(service: Option<&str>, instance: uuid::Uuid) -> String 
     )
 }
 
+/// `owner` (an [`owner_text`]) naming instance `id` instead of its own.
+pub(crate) fn with_instance(owner: &str, id: uuid::Uuid) -> String {
+    let rest = owner.rsplit_once('|').map_or(owner, |(rest, _)| rest);
+    format!("{rest}|{id}")
+}
+
 fn default_service() -> String {
     std::env::current_exe()
         .ok()

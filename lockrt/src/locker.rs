@@ -192,8 +192,9 @@ impl Locker {
     }
 
     /// Another locker on this in-memory lock space, as if in another process: its own
-    /// waiting queue, tasks and reentrancy, the same locks. `None` for a Redis locker (connect
-    /// again instead). Useful to test code that runs on several instances.
+    /// waiting queue, tasks, reentrancy and [`instance_id`](Self::instance_id) (which its
+    /// locks' owner records name), the same locks. `None` for a Redis locker (connect again
+    /// instead). Useful to test code that runs on several instances.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
@@ -207,10 +208,15 @@ impl Locker {
     /// ```
     pub fn in_memory_peer(&self) -> Option<Locker> {
         match &*self.inner.backend {
-            Backend::Memory(_) => Some(Locker::from_backend(
-                self.inner.settings.clone(),
-                self.inner.backend.clone(),
-            )),
+            Backend::Memory(m) => {
+                let settings = Settings {
+                    instance_id: uuid::Uuid::new_v4(),
+                    ..self.inner.settings.clone()
+                };
+                let owner = crate::inspect::with_instance(m.owner(), settings.instance_id);
+                let peer = Backend::Memory(m.peer(owner));
+                Some(Locker::from_backend(settings, Arc::new(peer)))
+            }
             Backend::Redis(_) => None,
         }
     }

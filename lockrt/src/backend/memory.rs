@@ -4,7 +4,7 @@
 //! mutex (every operation is a short synchronous critical section).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -31,13 +31,19 @@ struct State {
     sweep_at: usize,
 }
 
+/// The locks, shared by the lockers of one lock space ([`MemoryBackend::peer`]).
 #[derive(Default)]
-pub(crate) struct MemoryBackend {
+struct Space {
     state: Mutex<State>,
     /// The waiting side of every locker on this lock space, told of each release (what
     /// Redis pub/sub does across processes).
     peers: Mutex<Vec<Weak<dyn Events>>>,
-    /// The identity written beside each lock taken here (every peer shares it).
+}
+
+#[derive(Default)]
+pub(crate) struct MemoryBackend {
+    space: Arc<Space>,
+    /// The identity written beside each lock this locker takes.
     owner: String,
 }
 
@@ -45,7 +51,7 @@ impl MemoryBackend {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this mutex cannot leave the map half-updated (single inserts and
         // removes), so a poisoned lock is safe to keep using.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.space.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A lock space whose locks record `owner` as their holder.
@@ -54,6 +60,19 @@ impl MemoryBackend {
             owner,
             ..MemoryBackend::default()
         }
+    }
+
+    /// The same lock space for another locker, whose locks record `owner`.
+    pub(crate) fn peer(&self, owner: String) -> MemoryBackend {
+        MemoryBackend {
+            space: self.space.clone(),
+            owner,
+        }
+    }
+
+    /// The identity written beside each lock taken here.
+    pub(crate) fn owner(&self) -> &str {
+        &self.owner
     }
 
     pub(crate) fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Attempt {
@@ -125,13 +144,14 @@ impl MemoryBackend {
 
     /// Adds a locker's waiting side to the release announcements.
     pub(crate) fn attach(&self, events: Weak<dyn Events>) {
-        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut peers = self.space.peers.lock().unwrap_or_else(|p| p.into_inner());
         peers.retain(|p| p.strong_count() > 0);
         peers.push(events);
     }
 
     fn announce(&self, tag: &str) {
         let peers: Vec<_> = self
+            .space
             .peers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
