@@ -180,6 +180,84 @@ async fn waiter_survives_a_dropped_subscriber_connection() {
     );
 }
 
+/// A subscriber connection that goes silent without closing (half-open: no FIN, no RST, the
+/// server still counts it subscribed) is found by its keepalive `PING` and replaced, so the
+/// waiter hears the release at once instead of from its fallback timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_survives_a_half_open_subscriber_connection() {
+    let server = lockrt::testing::RedisServer::start().expect("redis-server");
+    let proxy = lockrt::testing::FaultProxy::in_front_of(&server).expect("proxy");
+    let holder = lockrt::Locker::connect(&server.url()).await.unwrap();
+    let waiter = lockrt::Locker::builder()
+        .url(proxy.url())
+        .connect_timeout(ms(300))
+        .response_timeout(ms(200))
+        .build()
+        .await
+        .unwrap();
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let g = holder
+        .acquire("half", opts().ttl(ms(20_000)))
+        .await
+        .unwrap();
+    let w = tokio::spawn(async move {
+        waiter
+            .acquire("half", opts().wait(ms(10_000)))
+            .await
+            .map(|g| g.fence())
+    });
+    support::until_subscribed(&mut conn, "half", 1).await;
+    let before = subscribers(&mut conn).await;
+    assert_eq!(before.len(), 1);
+    let stalled = Instant::now();
+    assert!(
+        proxy.stall_existing() >= 2,
+        "command and subscriber connections"
+    );
+    // Through the proxy the server sees the subscriber as its own connection: replaced
+    // when another connection holds the subscription.
+    support::settle(
+        async || {
+            let now = subscribers(&mut conn).await;
+            !now.is_empty() && !now.contains(&before[0])
+        },
+        "the silent subscriber connection was never replaced",
+    )
+    .await;
+    let replaced = stalled.elapsed();
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let fence = w.await.unwrap().expect("waiter acquires after the release");
+    let handoff = released.elapsed();
+    println!(
+        "FIGURE half_open_subscriber: replaced {:.0} ms after the stall (keepalive 1 s), \
+         hand-off {:.1} ms",
+        replaced.as_secs_f64() * 1e3,
+        handoff.as_secs_f64() * 1e3
+    );
+    assert!(fence > 0);
+    assert!(handoff < ms(500), "hand-off took {handoff:?}");
+}
+
+/// Server-side ids of the connections subscribed to a channel.
+async fn subscribers(conn: &mut redis::aio::MultiplexedConnection) -> Vec<u64> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(conn)
+        .await
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter(|l| l.contains(" sub=1 "))
+        .filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
 /// Under steady contention a channel stays subscribed between waits (no `SUBSCRIBE` round
 /// trip per wait), and is still unsubscribed soon after the waits stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

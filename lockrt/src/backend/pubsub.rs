@@ -1,7 +1,8 @@
 //! Release notifications over Redis pub/sub: one subscriber connection per `Locker`, owned by
 //! one task that subscribes a lock's channel when its first listener appears and unsubscribes
 //! `LINGER` after the last goes (under steady contention the next wait starts long before, and
-//! skips a round trip).
+//! skips a round trip). While anything is subscribed, a connection silent for `KEEPALIVE` is
+//! asked `PING`, so a half-open one is replaced within about a second.
 //!
 //! The task reports to the waiting side through [`Events`]: a message on a lock's channel, or
 //! "messages may have been missed" (a new or lost connection, or a Sentinel master switch,
@@ -30,6 +31,11 @@ const LINGER: Duration = Duration::from_millis(500);
 
 /// Delay before reconnecting after a failed (re)subscription.
 const RECONNECT_DELAY: Duration = Duration::from_millis(200);
+
+/// While a channel is subscribed, a connection silent for this long is asked `PING`; one
+/// that does not answer within the timeout (half-open, or on a frozen node) is replaced and
+/// every waiter retries, rather than each learning of releases from its fallback timer only.
+const KEEPALIVE: Duration = Duration::from_secs(1);
 
 /// What the subscriber reports to the waiting side.
 pub(crate) trait Events: Send + Sync {
@@ -157,6 +163,8 @@ enum Event {
     Reconnect,
     /// The Sentinels named another master: this connection may be on the demoted one.
     MasterSwitched,
+    /// The connection has been silent for [`KEEPALIVE`].
+    Silent,
 }
 
 /// The subscriber task's state: the connection, which channels it has subscribed, which of
@@ -172,6 +180,8 @@ struct Task {
     round: usize,
     /// Master switches (Sentinel only).
     switches: Option<watch::Receiver<u64>>,
+    /// When the connection last proved alive (connected, a message, a `PING` answered).
+    heard: Instant,
 }
 
 impl Task {
@@ -186,6 +196,7 @@ impl Task {
             reconnect_at: None,
             round: 0,
             switches,
+            heard: Instant::now(),
         }
     }
 
@@ -206,7 +217,11 @@ impl Task {
                     }
                 }
                 Event::LingerEnded => self.on_linger_ended().await,
-                Event::Message(Some(msg)) => self.on_message(&msg),
+                Event::Message(Some(msg)) => {
+                    self.heard = Instant::now();
+                    self.on_message(&msg);
+                }
+                Event::Silent => self.on_silent().await,
                 Event::Message(None) => {
                     tracing::warn!(addr = %self.remote.addr, "lost the pub/sub connection; reconnecting");
                     self.reset(Instant::now());
@@ -225,6 +240,8 @@ impl Task {
     async fn next(&mut self, rx: &mut mpsc::UnboundedReceiver<SubCmd>) -> Event {
         let reconnect_at = self.reconnect_at;
         let linger_end = self.lingering.values().min().copied();
+        let ping_at =
+            (self.conn.is_some() && !self.subscribed.is_empty()).then(|| self.heard + KEEPALIVE);
         let conn = &mut self.conn;
         let switches = &mut self.switches;
         tokio::select! {
@@ -238,6 +255,7 @@ impl Task {
                 }
             } => Event::Message(msg),
             () = sleep_until(reconnect_at) => Event::Reconnect,
+            () = sleep_until(ping_at) => Event::Silent,
         }
     }
 
@@ -287,6 +305,25 @@ impl Task {
                 return;
             }
         }
+    }
+
+    /// `PING` on a silent connection; no answer in time replaces it.
+    async fn on_silent(&mut self) {
+        let Some((sink, _)) = self.conn.as_mut() else {
+            return;
+        };
+        let pong = tokio::time::timeout(self.remote.timeout, sink.ping::<redis::Value>());
+        match pong.await {
+            // An error reply (an ACL without `+ping`) is an answer too.
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {}
+            _ => {
+                tracing::warn!(addr = %self.remote.addr, "pub/sub connection not answering PING; reconnecting");
+                self.reset(Instant::now());
+                return;
+            }
+        }
+        self.heard = Instant::now();
     }
 
     /// Resubscribes every channel with a listener on a new connection.
@@ -380,6 +417,7 @@ impl Task {
             .map_err(|_| SubError::Timeout("pub/sub connection not established"))?
             .map_err(SubError::Redis)?;
         self.conn = Some(ps.split());
+        self.heard = Instant::now();
         // Anything published before this connection existed was missed.
         self.missed();
         Ok(())
