@@ -6,36 +6,25 @@ mod support;
 
 use std::time::Duration;
 
-use lockrt::testing::{Direction, FaultProxy, RedisServer};
+use lockrt::testing::Direction;
 use lockrt::{LockOptions, Locker};
+use support::ms;
 use support::proxy_faults::{
-    default_margin, direct, fence_in, figure, leftovers, lock_value, locker_via, ms_f, pttl, within,
+    default_margin, direct, fence_in, figure, held, leftovers, lock_value, locker_via, ms_f, pttl,
+    server_and_proxy, within,
 };
 use tokio::time::Instant;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn setup() -> (RedisServer, FaultProxy) {
-    let server = RedisServer::start().unwrap();
-    let proxy = FaultProxy::in_front_of(&server).unwrap();
-    (server, proxy)
-}
 
 /// A partition (nothing gets through either way) while a lock is held: loss is declared
 /// before the server-side expiry, and once the network heals the same `Locker` takes locks
 /// again by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_during_hold() {
-    let (server, proxy) = setup();
+    let (server, proxy) = server_and_proxy();
     let locker = locker_via(&proxy, ms(200)).await;
     let mut conn = direct(&server).await;
     let ttl = ms(1_000);
-    let guard = locker
-        .acquire("k", LockOptions::new().ttl(ttl))
-        .await
-        .unwrap();
+    let guard = held(&locker, "k", ttl).await;
     proxy.blackhole();
     // No renewal gets through from here on: this is the expiry of the last one that did.
     let expiry = Instant::now() + pttl(&mut conn, "k").await.expect("held");
@@ -85,7 +74,7 @@ async fn partition_during_hold() {
 /// ours, and the release works (5 runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_renewal_reply_dropped_no_false_loss() {
-    let (server, proxy) = setup();
+    let (server, proxy) = server_and_proxy();
     let mut conn = direct(&server).await;
     let ttl = ms(450);
     let runs = 5;
@@ -131,7 +120,7 @@ async fn one_renewal_reply_dropped_no_false_loss() {
 /// key alongside its owner, and every lock the locker thinks it holds is its own in Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_acquire_reply_dropped_no_cross_wiring() {
-    let (server, proxy) = setup();
+    let (server, proxy) = server_and_proxy();
     let mut conn = direct(&server).await;
     let owner = Locker::connect(&server.url()).await.unwrap();
     let rounds = 10;
@@ -188,7 +177,7 @@ async fn one_acquire_reply_dropped_no_cross_wiring() {
 /// new one and succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_connection_existing_stall_new_pass() {
-    let (_server, proxy) = setup();
+    let (_server, proxy) = server_and_proxy();
     let locker = locker_via(&proxy, ms(200)).await;
     locker
         .run("warm", LockOptions::new(), async {})
@@ -227,7 +216,7 @@ async fn half_open_connection_existing_stall_new_pass() {
 /// after Redis ran it (`after`): each acquire ends with the lock held exactly once by the
 /// caller, or with an error and no lock of ours left (well within the ttl).
 async fn reset_around_acquire(n: u32, case: &str) {
-    let (server, proxy) = setup();
+    let (server, proxy) = server_and_proxy();
     let mut conn = direct(&server).await;
     let locker = locker_via(&proxy, ms(200)).await;
     let ttl = ms(10_000);
@@ -311,7 +300,7 @@ async fn chaos_connection_reset_before_and_after_acquire_forwarded() {
 /// (the lock was ours and is gone), 20 runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rst_after_release_reached_redis() {
-    let (server, proxy) = setup();
+    let (server, proxy) = server_and_proxy();
     let mut conn = direct(&server).await;
     let locker = locker_via(&proxy, ms(200)).await;
     let runs = 20;
@@ -347,7 +336,7 @@ async fn rst_after_release_reached_redis() {
 /// twice the safety margin of lease left in Redis (so its local deadline, counted from the
 /// send time, is at least the margin ahead), whatever else it does (wait on, time out).
 async fn late_acquire_reply(runs: u32, ttl: Duration, case: &str) {
-    let (server, proxy) = setup();
+    let (server, proxy) = server_and_proxy();
     let mut conn = direct(&server).await;
     let locker = locker_via(&proxy, ttl * 2).await;
     locker

@@ -6,17 +6,15 @@ mod support;
 
 use std::time::Duration;
 
-use lockrt::testing::{FaultProxy, RedisServer};
+use lockrt::testing::RedisServer;
 use lockrt::{LockOptions, Locker};
 use support::history::{self, Log, Oracle};
+use support::ms;
 use support::proxy_faults::{
-    default_margin, direct, fence_in, figure, lock_value, locker_via, ms_f, pttl, within,
+    default_margin, direct, fence_in, figure, held, lock_value, locker_via, ms_f, pttl,
+    server_and_proxy, within,
 };
 use tokio::time::Instant;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 async fn locker(server: &RedisServer, response_timeout: Duration) -> Locker {
     Locker::builder()
@@ -35,10 +33,7 @@ async fn redis_killed_and_restarted_while_held() {
     let mut server = RedisServer::start().unwrap();
     let locker = locker(&server, ms(200)).await;
     let ttl = ms(1_000);
-    let guard = locker
-        .acquire("k", LockOptions::new().ttl(ttl))
-        .await
-        .unwrap();
+    let guard = held(&locker, "k", ttl).await;
     let killed = Instant::now();
     server.kill();
     server.restart().unwrap();
@@ -110,15 +105,11 @@ async fn redis_down_at_acquire_then_back() {
 /// it expires the key the moment it runs again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_frozen_while_held_loss_declared_before_server_expiry() {
-    let server = RedisServer::start().unwrap();
-    let proxy = FaultProxy::in_front_of(&server).unwrap();
+    let (server, proxy) = server_and_proxy();
     let locker = locker_via(&proxy, ms(200)).await;
     let mut conn = direct(&server).await;
     let ttl = ms(1_000);
-    let guard = locker
-        .acquire("k", LockOptions::new().ttl(ttl))
-        .await
-        .unwrap();
+    let guard = held(&locker, "k", ttl).await;
     // Right after a renewal's reply: the next renewal is a third of the ttl away, so the
     // expiry read now is the expiry of the last successful renewal.
     let c = proxy.counters();
@@ -262,10 +253,7 @@ async fn client_kill_while_holding() {
     let locker = locker(&server, ms(200)).await;
     let mut admin = direct(&server).await;
     let ttl = ms(600);
-    let guard = locker
-        .acquire("k", LockOptions::new().ttl(ttl))
-        .await
-        .unwrap();
+    let guard = held(&locker, "k", ttl).await;
     let ours = lock_value(&mut admin, "k").await.unwrap();
     let mut killed = 0i64;
     let mut min_left = ttl;

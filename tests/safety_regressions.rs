@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -413,37 +412,12 @@ async fn d17_release_succeeds_when_publish_is_denied() {
 /// Defect 17: keys are logged escaped, so a newline in a key cannot forge a log line.
 #[test]
 fn d17_keys_in_logs_cannot_forge_lines() {
-    #[derive(Clone, Default)]
-    struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    tracing::subscriber::with_default(subscriber, || {
-        rt.block_on(async {
-            let locker = Locker::in_memory();
-            let key = "k\n2026-01-01T00:00:00Z  INFO forged: all good";
-            let g = locker.acquire(key, LockOptions::new()).await.unwrap();
-            g.release().await.unwrap();
-        })
+    let out = support::logs::logged(async || {
+        let locker = Locker::in_memory();
+        let key = "k\n2026-01-01T00:00:00Z  INFO forged: all good";
+        let g = locker.acquire(key, LockOptions::new()).await.unwrap();
+        g.release().await.unwrap();
     });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
     assert!(out.contains("acquire"), "nothing logged: {out}");
     assert!(
         !out.lines().any(|l| l.starts_with("2026-01-01")),

@@ -3,15 +3,17 @@
 //! wrong password gets the authentication message; and no error, `Debug` output or log line
 //! ever contains the password.
 
+#[path = "support/logs.rs"]
+mod logs;
 mod topology_support;
 
-use std::io::Write;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::LazyLock;
 
 use lockrt::testing::RedisServer;
 use lockrt::{LockError, LockOptions, Locker};
+use logs::{LogBuf, capture};
 use tokio::time::Instant;
-use topology_support::{Raw, figure, ms, ms_f};
+use topology_support::{Raw, assert_woken_promptly, figure, ms, ms_f, spawn_waiter};
 
 /// The rules `ACL_HINT` documents (lockrt/src/backend/diagnose.rs), for the default prefix.
 const RULES: &str = "~lock:* ~{lock:* &{lock:* +evalsha +eval +subscribe +unsubscribe +ping \
@@ -19,32 +21,14 @@ const RULES: &str = "~lock:* ~{lock:* &{lock:* +evalsha +eval +subscribe +unsubs
                      +hget +hset +hdel +zadd +zrange +zrem +zscore +publish";
 
 /// Every log line of this test binary, at every level.
-static LOGS: LazyLock<Arc<Mutex<Vec<u8>>>> = LazyLock::new(|| {
-    let buf = Arc::new(Mutex::new(Vec::new()));
-    let sink = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || Sink(sink.clone()))
-        .finish();
+static LOGS: LazyLock<LogBuf> = LazyLock::new(|| {
+    let (buf, subscriber) = capture(tracing::Level::TRACE);
     tracing::subscriber::set_global_default(subscriber).expect("one subscriber per binary");
     buf
 });
 
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Sink {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn logs() -> String {
-    String::from_utf8_lossy(&LOGS.lock().unwrap()).into_owned()
+    String::from_utf8_lossy(&LOGS.bytes()).into_owned()
 }
 
 /// A server with an ACL user `user` (password `password`) granted `rules`.
@@ -76,6 +60,19 @@ fn clean(text: &str, password: &str) {
     assert!(!text.contains(password), "the password leaked: {text}");
 }
 
+/// `err`, whose message is `text`, is a permanent backend error whose message names each of
+/// `names` and does not contain `password`.
+fn assert_refused(text: &str, err: &LockError, names: &[&str], password: &str) {
+    for name in names {
+        assert!(text.contains(name), "{text}");
+    }
+    assert!(
+        matches!(err, LockError::Backend(b) if !b.is_transient()),
+        "{err:?}"
+    );
+    clean(text, password);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_user_with_the_documented_rules_locks_waits_and_releases() {
     let password = "pw-documented-4711";
@@ -94,13 +91,7 @@ async fn acl_user_with_the_documented_rules_locks_waits_and_releases() {
         .acquire("acl", LockOptions::new().ttl(ms(600)))
         .await
         .expect("acquire as the ACL user");
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            let g = b.acquire("acl", LockOptions::new().wait(ms(5_000))).await;
-            (Instant::now(), g)
-        })
-    };
+    let waiter = spawn_waiter(&b, "acl", ms(5_000));
     raw.until_queued("acl", 1).await;
     // Held past a few renewals.
     tokio::time::sleep(ms(700)).await;
@@ -121,10 +112,7 @@ async fn acl_user_with_the_documented_rules_locks_waits_and_releases() {
             ms_f(handoff)
         ),
     );
-    assert!(
-        handoff < ms(500),
-        "waiter woken by the fallback timer: {handoff:?}"
-    );
+    assert_woken_promptly(handoff);
     clean(&logs(), password);
 }
 
@@ -154,15 +142,7 @@ async fn acl_user_without_the_helper_key_pattern_gets_noperm_naming_the_rules() 
         "acl_user_without_the_helper_key_pattern_gets_noperm_naming_the_rules",
         format!("without `~{{lock:*`: {text}"),
     );
-    assert!(
-        text.contains("~{lock:*") && text.contains("&{lock:*"),
-        "{text}"
-    );
-    assert!(
-        matches!(&err, LockError::Backend(b) if !b.is_transient()),
-        "{err:?}"
-    );
-    clean(&text, password);
+    assert_refused(&text, &err, &["~{lock:*", "&{lock:*"], password);
     clean(&format!("{err:?}"), password);
 }
 
@@ -174,15 +154,7 @@ async fn acl_user_without_the_channel_pattern_gets_noperm_naming_the_rules() {
         "acl_user_without_the_channel_pattern_gets_noperm_naming_the_rules",
         format!("without `&{{lock:*`, waiting: {text}"),
     );
-    assert!(
-        text.contains("~{lock:*") && text.contains("&{lock:*"),
-        "{text}"
-    );
-    assert!(
-        matches!(&err, LockError::Backend(b) if !b.is_transient()),
-        "{err:?}"
-    );
-    clean(&text, password);
+    assert_refused(&text, &err, &["~{lock:*", "&{lock:*"], password);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,12 +172,7 @@ async fn wrong_password_gets_the_authentication_message() {
         "wrong_password_gets_the_authentication_message",
         format!("failed after {}: {text}", ms_f(took)),
     );
-    assert!(text.contains("authentication failed"), "{text}");
-    assert!(
-        matches!(&err, LockError::Backend(b) if !b.is_transient()),
-        "{err:?}"
-    );
-    clean(&text, wrong);
+    assert_refused(&text, &err, &["authentication failed"], wrong);
     clean(&format!("{err:?}"), wrong);
     clean(&logs(), wrong);
 }
@@ -267,13 +234,5 @@ async fn acl_user_without_a_command_the_scripts_run_gets_the_rules() {
         "acl_user_without_a_command_the_scripts_run_gets_the_rules",
         format!("without `+time` (run inside the scripts): {text}"),
     );
-    assert!(
-        text.contains("+time") && text.contains("~{lock:*"),
-        "{text}"
-    );
-    assert!(
-        matches!(&err, LockError::Backend(b) if !b.is_transient()),
-        "{err:?}"
-    );
-    clean(&text, password);
+    assert_refused(&text, &err, &["+time", "~{lock:*"], password);
 }

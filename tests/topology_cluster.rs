@@ -144,13 +144,9 @@ async fn renewals_across_slots(cluster: &RedisCluster, t: &Topo) {
     );
 }
 
-/// `SCRIPT FLUSH` on every node: the next acquire and release on each master still work
-/// (EVALSHA's NOSCRIPT answered by EVAL on the same node), and no script went to a master
-/// that did not need it.
-async fn noscript_after_flush(cluster: &RedisCluster, t: &Topo) {
-    let locker = t.locker().await;
-    // Warm: the scripts are cached everywhere they ran.
-    for m in 0..3 {
+/// Acquires and releases a key of each master in `masters`.
+async fn lock_once_on(locker: &Locker, cluster: &RedisCluster, masters: std::ops::Range<usize>) {
+    for m in masters {
         let k = &keys_on(cluster, m, "flush", 1)[0];
         locker
             .acquire(k, LockOptions::new())
@@ -160,6 +156,15 @@ async fn noscript_after_flush(cluster: &RedisCluster, t: &Topo) {
             .await
             .unwrap();
     }
+}
+
+/// `SCRIPT FLUSH` on every node: the next acquire and release on each master still work
+/// (EVALSHA's NOSCRIPT answered by EVAL on the same node), and no script went to a master
+/// that did not need it.
+async fn noscript_after_flush(cluster: &RedisCluster, t: &Topo) {
+    let locker = t.locker().await;
+    // Warm: the scripts are cached everywhere they ran.
+    lock_once_on(&locker, cluster, 0..3).await;
     for m in 0..cluster.len() {
         let mut c = cluster
             .client(m)
@@ -192,16 +197,7 @@ async fn noscript_after_flush(cluster: &RedisCluster, t: &Topo) {
         }
         v
     };
-    for m in 1..3 {
-        let k = &keys_on(cluster, m, "flush", 1)[0];
-        locker
-            .acquire(k, LockOptions::new())
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-    }
+    lock_once_on(&locker, cluster, 1..3).await;
     figure(
         "cluster_noscript_after_flush",
         format!(

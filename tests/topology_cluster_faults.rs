@@ -13,7 +13,7 @@ use std::time::Duration;
 use lockrt::testing::{RedisCluster, slot_of};
 use lockrt::{LockOptions, Locker};
 use tokio::time::Instant;
-use topology_support::{Raw, figure, ms, ms_f, within};
+use topology_support::{Raw, assert_woken_promptly, figure, held, ms, ms_f, spawn_waiter, within};
 
 /// A user key whose lock key master `master` serves.
 fn key_on(cluster: &RedisCluster, master: usize, stem: &str) -> String {
@@ -167,20 +167,9 @@ async fn cluster_failover_with_holder_and_waiter() {
     );
     let mut raw = Raw::cluster(&cluster.seed_urls()).await;
     let ttl = ms(1_000);
-    let guard = holder
-        .acquire(&key, LockOptions::new().ttl(ttl))
-        .await
-        .unwrap();
+    let guard = held(&holder, &key, ttl).await;
     let first_fence = guard.fence();
-    let w = {
-        let (waiter, key) = (waiter.clone(), key.clone());
-        tokio::spawn(async move {
-            let g = waiter
-                .acquire(&key, LockOptions::new().wait(ms(20_000)))
-                .await;
-            (Instant::now(), g)
-        })
-    };
+    let w = spawn_waiter(&waiter, &key, ms(20_000));
     raw.until_queued(&key, 1).await;
     let replica = replica_of(&cluster, 0);
     let scripts_before = scripts_run(&cluster, replica).await;
@@ -254,10 +243,7 @@ async fn cluster_failover_with_holder_and_waiter() {
             first_fence
         ),
     );
-    assert!(
-        handoff < ms(500),
-        "waiter woken by the fallback timer: {handoff:?}"
-    );
+    assert_woken_promptly(handoff);
 }
 
 /// A master frozen (SIGSTOP) under a held lock: the holder declares the loss before the
@@ -270,14 +256,8 @@ async fn cluster_master_sigstopped_loss_declared_and_lock_usable_after_failover(
     let (key, healthy) = (key_on(&cluster, 0, "stop"), key_on(&cluster, 1, "ok"));
     let locker = cluster_locker(&cluster, ms(200)).await;
     let ttl = ms(1_000);
-    let guard = locker
-        .acquire(&key, LockOptions::new().ttl(ttl))
-        .await
-        .unwrap();
-    let other = locker
-        .acquire(&healthy, LockOptions::new().ttl(ms(3_000)))
-        .await
-        .unwrap();
+    let guard = held(&locker, &key, ttl).await;
+    let other = held(&locker, &healthy, ms(3_000)).await;
     let replica = replica_of(&cluster, 0);
     let mut on_replica = Raw::single(&cluster.url(replica)).await;
     let () = redis::cmd("READONLY")
@@ -388,19 +368,8 @@ async fn chaos_cluster_slot_migration_holder_and_waiter() {
         cluster_locker(&cluster, ms(500)).await,
     );
     let mut raw = Raw::cluster(&cluster.seed_urls()).await;
-    let guard = holder
-        .acquire(&key, LockOptions::new().ttl(ms(1_000)))
-        .await
-        .unwrap();
-    let w = {
-        let (waiter, key) = (waiter.clone(), key.clone());
-        tokio::spawn(async move {
-            let g = waiter
-                .acquire(&key, LockOptions::new().wait(ms(60_000)))
-                .await;
-            (Instant::now(), g)
-        })
-    };
+    let guard = held(&holder, &key, ms(1_000)).await;
+    let w = spawn_waiter(&waiter, &key, ms(60_000));
     raw.until_queued(&key, 1).await;
 
     // Load on the same slot: each task locks its own key over and over.
@@ -510,10 +479,7 @@ async fn chaos_cluster_slot_migration_holder_and_waiter() {
         .release()
         .await
         .expect("release by the waiter");
-    assert!(
-        handoff < ms(500),
-        "waiter woken by the fallback timer: {handoff:?}"
-    );
+    assert_woken_promptly(handoff);
 }
 
 /// Counts an error of the load on the migrating slot: `TRYAGAIN` (a script finding some of
@@ -552,31 +518,16 @@ async fn cluster_subscriber_node_frozen_waiter_still_served() {
     // One wait first: the waiter's subscriber connects to the first seed, node 0.
     let warm = key_on(&cluster, 1, "warm");
     let g = holder.acquire(&warm, LockOptions::new()).await.unwrap();
-    let w = {
-        let (waiter, warm) = (waiter.clone(), warm.clone());
-        tokio::spawn(async move {
-            waiter
-                .acquire(&warm, LockOptions::new().wait(ms(5_000)))
-                .await
-        })
-    };
+    let w = spawn_waiter(&waiter, &warm, ms(5_000));
     raw.until_queued(&warm, 1).await;
     g.release().await.unwrap();
-    w.await.unwrap().unwrap().release().await.unwrap();
+    w.await.unwrap().1.unwrap().release().await.unwrap();
 
     cluster.pause(0).expect("SIGSTOP node 0");
     let paused = Instant::now();
     let key = key_on(&cluster, 1, "busy");
     let g = holder.acquire(&key, LockOptions::new()).await.unwrap();
-    let w = {
-        let (waiter, key) = (waiter.clone(), key.clone());
-        tokio::spawn(async move {
-            let g = waiter
-                .acquire(&key, LockOptions::new().wait(ms(5_000)))
-                .await;
-            (Instant::now(), g)
-        })
-    };
+    let w = spawn_waiter(&waiter, &key, ms(5_000));
     raw.until_queued(&key, 1).await;
     // Long enough for a subscription attempt on the frozen node to time out.
     tokio::time::sleep(ms(600)).await;
@@ -601,10 +552,7 @@ async fn cluster_subscriber_node_frozen_waiter_still_served() {
         .release()
         .await
         .expect("release by the waiter");
-    assert!(
-        handoff < ms(500),
-        "waiter woken by the fallback timer: {handoff:?}"
-    );
+    assert_woken_promptly(handoff);
 }
 
 /// One master frozen: a lock the same locker holds on another master keeps being renewed
@@ -618,14 +566,8 @@ async fn cluster_frozen_master_does_not_cost_locks_on_other_masters() {
     );
     let locker = cluster_locker(&cluster, ms(200)).await;
     let ttl = ms(600);
-    let on_frozen = locker
-        .acquire(&frozen, LockOptions::new().ttl(ttl))
-        .await
-        .unwrap();
-    let on_healthy = locker
-        .acquire(&healthy, LockOptions::new().ttl(ttl))
-        .await
-        .unwrap();
+    let on_frozen = held(&locker, &frozen, ttl).await;
+    let on_healthy = held(&locker, &healthy, ttl).await;
     cluster.pause(0).expect("SIGSTOP");
     // Two leases long, and before the cluster notices the frozen node (2 s node timeout).
     tokio::time::sleep(2 * ttl).await;

@@ -1,23 +1,11 @@
 //! The `lock` span wraps acquisition and body, and a timeout is an event inside it, whichever
 //! order `#[instrument]` and `#[distributed_lock]` are written in.
 
-use std::sync::{Arc, Mutex};
+mod support;
 
 use lockrt::{LockError, LockOptions, Locker, distributed_lock};
+use support::logs::logged;
 use tracing::instrument;
-
-#[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Buf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[instrument(skip(locker), err)]
 #[distributed_lock(key = "job:{id}", locker = locker, wait = "0s")]
@@ -31,23 +19,6 @@ async fn instrument_above(locker: &Locker, id: u32) -> Result<u32, LockError> {
 async fn instrument_below(locker: &Locker, id: u32) -> Result<u32, LockError> {
     tracing::info!("inside the body");
     Ok(id)
-}
-
-/// Runs `f` with a subscriber that writes every event, with its spans, to a buffer.
-fn logged(f: impl AsyncFnOnce()) -> String {
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    tracing::subscriber::with_default(subscriber, || rt.block_on(f()));
-    String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
 }
 
 #[test]

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use lockrt::Locker;
 use lockrt::testing::{FaultProxy, RedisServer};
+use lockrt::{LockGuard, LockOptions, Locker};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
@@ -16,6 +16,13 @@ use tokio::time::Instant;
 /// 100 ms, but at least a twentieth and at most a quarter of the lease).
 pub fn default_margin(ttl: Duration) -> Duration {
     Duration::from_millis(100).max(ttl / 20).min(ttl / 4)
+}
+
+/// A redis-server and a fault proxy in front of it.
+pub fn server_and_proxy() -> (RedisServer, FaultProxy) {
+    let server = RedisServer::start().unwrap();
+    let proxy = FaultProxy::in_front_of(&server).unwrap();
+    (server, proxy)
 }
 
 /// A locker that talks to `proxy`, with a short response timeout so faults show quickly.
@@ -27,6 +34,14 @@ pub async fn locker_via(proxy: &FaultProxy, response_timeout: Duration) -> Locke
         .build()
         .await
         .expect("connect through the proxy")
+}
+
+/// `key` taken by `locker` with a lease of `ttl` (renewed by the watchdog).
+pub async fn held(locker: &Locker, key: &str, ttl: Duration) -> LockGuard {
+    locker
+        .acquire(key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
 }
 
 /// A connection straight to the server (never through a proxy), for inspection.

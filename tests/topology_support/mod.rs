@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lockrt::{LockOptions, Locker, LockerBuilder};
+use lockrt::{LockError, LockGuard, LockOptions, Locker, LockerBuilder};
 use redis::aio::ConnectionLike;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Value};
 use tokio::time::Instant;
@@ -50,6 +50,37 @@ pub async fn within(limit: Duration, mut cond: impl AsyncFnMut() -> bool) -> Opt
         }
         tokio::time::sleep(ms(5)).await;
     }
+}
+
+/// A task in which `locker` waits up to `wait` for `key`: the moment the wait ended, and what
+/// it got.
+pub fn spawn_waiter(
+    locker: &Locker,
+    key: &str,
+    wait: Duration,
+) -> tokio::task::JoinHandle<(Instant, Result<LockGuard, LockError>)> {
+    let (locker, key) = (locker.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let g = locker.acquire(&key, LockOptions::new().wait(wait)).await;
+        (Instant::now(), g)
+    })
+}
+
+/// `key` taken by `locker` with a lease of `ttl` (renewed by the watchdog).
+pub async fn held(locker: &Locker, key: &str, ttl: Duration) -> LockGuard {
+    locker
+        .acquire(key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+}
+
+/// A waiter served `handoff` after the release was woken by the release's message, not by its
+/// fallback timer.
+pub fn assert_woken_promptly(handoff: Duration) {
+    assert!(
+        handoff < ms(500),
+        "waiter woken by the fallback timer: {handoff:?}"
+    );
 }
 
 /// A direct connection to the lock servers: one server, or a whole cluster.
@@ -259,13 +290,7 @@ pub async fn hand_off(t: &Topo, rounds: usize) -> Duration {
             .acquire("handoff", LockOptions::new().ttl(ms(5_000)))
             .await
             .unwrap_or_else(|e| panic!("{case}: {e}"));
-        let w = waiter.clone();
-        let waiting = tokio::spawn(async move {
-            let g = w
-                .acquire("handoff", LockOptions::new().wait(ms(5_000)))
-                .await;
-            (Instant::now(), g)
-        });
+        let waiting = spawn_waiter(&waiter, "handoff", ms(5_000));
         raw.until_queued("handoff", 1).await;
         let released = Instant::now();
         guard
