@@ -420,3 +420,83 @@ async fn holds_via(locker: &Locker, port: u16) -> bool {
         Err(_) => false,
     }
 }
+
+/// Sentinels without a password in front of masters whose lock keys only an ACL user may
+/// use: `sentinel_master_auth` (or the same in `LockerConfig`) authenticates to the masters
+/// only, and the sentinels, which know no password, are still asked without one. Without it,
+/// the default user's acquire is refused with the ACL advice. The password shows nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_master_auth_authenticates_to_the_masters_only() {
+    const PASSWORD: &str = "m4ster-pw";
+    let users = [
+        "--user",
+        "default",
+        "on",
+        "nopass",
+        "~nothing:*",
+        "&*",
+        "+@all", //
+        "--user",
+        "locks",
+        "on",
+        ">m4ster-pw",
+        "~*",
+        "&*",
+        "+@all",
+    ];
+    let g = RedisSentinelGroup::start_with_server_args(SERVICE, 1, &users)
+        .expect("start master, replica and sentinel");
+    let authed = sentinel_builder(&g).sentinel_master_auth("locks", PASSWORD);
+    assert!(!format!("{authed:?}").contains(PASSWORD));
+    let authed = authed
+        .build()
+        .await
+        .expect("sentinels asked without a password");
+    authed
+        .acquire("authed", LockOptions::new())
+        .await
+        .expect("the masters' ACL user may lock")
+        .release()
+        .await
+        .unwrap();
+
+    let mut config = lockrt::LockerConfig::default();
+    config.sentinels = g.sentinel_urls();
+    config.service = Some(SERVICE.into());
+    config.master_username = Some("locks".into());
+    config.master_password = Some(PASSWORD.into());
+    assert!(!format!("{config:?}").contains(PASSWORD));
+    let configured = lockrt::LockerBuilder::from_config(config)
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let guard = configured
+        .acquire("configured", LockOptions::new())
+        .await
+        .expect("configured master credentials");
+    guard.release().await.unwrap();
+
+    let default_user = sentinel_builder(&g).build().await.unwrap();
+    let err = default_user
+        .acquire("authed", LockOptions::new().wait(ms(300)))
+        .await
+        .expect_err("the default user may not touch lock keys");
+    let text = err.to_string();
+    figure(
+        "sentinel_master_auth",
+        format!("with the masters' ACL user: acquired and released; without: {text}"),
+    );
+    assert!(
+        text.contains("ACL") || text.contains("permission"),
+        "{text}"
+    );
+    assert!(!text.contains(PASSWORD));
+    let misplaced = Locker::builder()
+        .url("redis://127.0.0.1:1/")
+        .sentinel_master_auth("locks", PASSWORD)
+        .build()
+        .await
+        .expect_err("master credentials need a Sentinel topology");
+    assert!(matches!(misplaced, LockError::Config(_)), "{misplaced:?}");
+}

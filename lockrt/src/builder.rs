@@ -9,7 +9,7 @@ use crate::LockError;
 use crate::backend::Backend;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::remote::{self, RedisBackend, SyncReplicas, Timeouts};
-use crate::backend::topology::{TlsFiles, Topology};
+use crate::backend::topology::{Auth, TlsFiles, Topology};
 use crate::key::validate_prefix;
 use crate::locker::{Locker, Settings};
 use crate::options::Wait;
@@ -52,6 +52,8 @@ pub struct LockerBuilder {
     response_timeout: Duration,
     fence_retention: Duration,
     service_name: Option<String>,
+    /// The masters' credentials under Sentinel (`sentinel_master_auth`).
+    master_auth: Option<Auth>,
 }
 
 impl fmt::Debug for LockerBuilder {
@@ -82,6 +84,7 @@ impl Default for LockerBuilder {
             response_timeout: Duration::from_secs(1),
             fence_retention: DEFAULT_FENCE_RETENTION,
             service_name: None,
+            master_auth: None,
         }
     }
 }
@@ -138,6 +141,35 @@ impl LockerBuilder {
         self.topology = Some(Topology::Sentinel {
             sentinels: sentinels.into_iter().map(Into::into).collect(),
             service: service.into(),
+            master_auth: None,
+        });
+        self
+    }
+
+    /// Credentials for the masters the Sentinels name, when they are not those of the
+    /// sentinel URLs (which then authenticate to the sentinels only): for sentinels without a
+    /// password in front of masters with one, or an ACL user of their own. An empty
+    /// `username` means the default user. Needs a Sentinel topology (`sentinel(..)` or a
+    /// `redis+sentinel://` URL); the password appears in no output.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::builder()
+    ///     .sentinel(["redis://10.0.0.5:26379/"], "locks")
+    ///     .sentinel_master_auth("locks-app", "s3cret")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locker; Ok(()) }
+    /// ```
+    pub fn sentinel_master_auth(
+        mut self,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        let username = username.into();
+        self.master_auth = Some(Auth {
+            username: (!username.is_empty()).then_some(username),
+            password: password.into(),
         });
         self
     }
@@ -302,6 +334,29 @@ impl LockerBuilder {
         })
     }
 
+    /// The configured topology, with the masters' own credentials under Sentinel.
+    fn topology(&self) -> Result<Topology, LockError> {
+        let mut topology = self.topology.clone().ok_or_else(|| {
+            LockError::Config(
+                "no Redis URL: call `.url(\"redis://host:6379/\")` (or `.cluster(..)`, \
+                 `.sentinel(..)`) on the builder"
+                    .into(),
+            )
+        })?;
+        match (&mut topology, &self.master_auth) {
+            (_, None) => {}
+            (Topology::Sentinel { master_auth, .. }, Some(auth)) => {
+                *master_auth = Some(auth.clone());
+            }
+            (_, Some(_)) => {
+                return Err(LockError::Config(
+                    "`sentinel_master_auth` needs a Sentinel topology".into(),
+                ));
+            }
+        }
+        Ok(topology)
+    }
+
     fn timeouts(&self) -> Timeouts {
         Timeouts {
             connect: self.connect_timeout.min(MAX_TTL),
@@ -314,13 +369,7 @@ impl LockerBuilder {
     /// refuses servers older than Redis 5.0.
     pub async fn build(self) -> Result<Locker, LockError> {
         let settings = self.settings()?;
-        let topology = self.topology.clone().ok_or_else(|| {
-            LockError::Config(
-                "no Redis URL: call `.url(\"redis://host:6379/\")` (or `.cluster(..)`, \
-                 `.sentinel(..)`) on the builder"
-                    .into(),
-            )
-        })?;
+        let topology = self.topology()?;
         let backend = RedisBackend::connect(remote::Settings {
             topology,
             tls: self.tls.clone(),
@@ -365,7 +414,11 @@ fn parse_url(url: String) -> Topology {
     ] {
         if let Some(rest) = url.strip_prefix(prefix) {
             let (sentinels, service) = split(rest, scheme);
-            return Topology::Sentinel { sentinels, service };
+            return Topology::Sentinel {
+                sentinels,
+                service,
+                master_auth: None,
+            };
         }
     }
     Topology::Url(url)
@@ -384,7 +437,9 @@ fn shown(t: &Topology) -> String {
                 .collect::<Vec<_>>()
                 .join(",")
         ),
-        Topology::Sentinel { sentinels, service } => format!(
+        Topology::Sentinel {
+            sentinels, service, ..
+        } => format!(
             "sentinel {service:?} via {}",
             sentinels
                 .iter()

@@ -35,6 +35,12 @@ pub struct LockerConfig {
     pub sentinels: Vec<String>,
     /// The master's name as the Sentinels know it (with `sentinels`).
     pub service: Option<String>,
+    /// The masters' user under Sentinel, when not the sentinel URLs'
+    /// ([`LockerBuilder::sentinel_master_auth`]).
+    pub master_username: Option<String>,
+    /// The masters' password under Sentinel, when not the sentinel URLs'
+    /// ([`LockerBuilder::sentinel_master_auth`]).
+    pub master_password: Option<String>,
     /// [`LockerBuilder::prefix`].
     pub prefix: Option<String>,
     /// [`LockerBuilder::default_ttl`].
@@ -68,6 +74,11 @@ impl fmt::Debug for LockerConfig {
             .field("cluster", &redacted(&self.cluster))
             .field("sentinels", &redacted(&self.sentinels))
             .field("service", &self.service)
+            .field("master_username", &self.master_username)
+            .field(
+                "master_password",
+                &self.master_password.as_ref().map(|_| "***"),
+            )
             .field("prefix", &self.prefix)
             .field("default_ttl", &self.default_ttl)
             .field("default_wait", &self.default_wait)
@@ -81,9 +92,11 @@ impl fmt::Debug for LockerConfig {
 
 impl LockerConfig {
     /// The environment variables [`LockerBuilder::from_env`] reads, in the order it reads them.
-    pub const ENV_VARS: [&str; 9] = [
+    pub const ENV_VARS: [&str; 11] = [
         "LOCKRT_URL",
         "REDIS_URL",
+        "LOCKRT_SENTINEL_MASTER_USERNAME",
+        "LOCKRT_SENTINEL_MASTER_PASSWORD",
         "LOCKRT_PREFIX",
         "LOCKRT_DEFAULT_TTL",
         "LOCKRT_DEFAULT_WAIT",
@@ -116,6 +129,8 @@ impl LockerConfig {
         };
         Ok(LockerConfig {
             url: get("LOCKRT_URL").or_else(|| get("REDIS_URL")),
+            master_username: get("LOCKRT_SENTINEL_MASTER_USERNAME"),
+            master_password: get("LOCKRT_SENTINEL_MASTER_PASSWORD"),
             prefix: get("LOCKRT_PREFIX"),
             default_ttl: duration("LOCKRT_DEFAULT_TTL")?,
             default_wait: get("LOCKRT_DEFAULT_WAIT")
@@ -137,6 +152,7 @@ impl LockerBuilder {
     /// | variable | setting | example |
     /// |---|---|---|
     /// | `LOCKRT_URL`, else `REDIS_URL` | [`url`](Self::url) | `redis://:pw@10.0.0.5:6379/` |
+    /// | `LOCKRT_SENTINEL_MASTER_USERNAME`, `…_PASSWORD` | [`sentinel_master_auth`](Self::sentinel_master_auth) | `locks-app`, `s3cret` |
     /// | `LOCKRT_PREFIX` | [`prefix`](Self::prefix) | `app:lock:` |
     /// | `LOCKRT_DEFAULT_TTL` | [`default_ttl`](Self::default_ttl) | `30s` |
     /// | `LOCKRT_DEFAULT_WAIT` | [`default_wait`](Self::default_wait), or `forever` | `5s` |
@@ -171,6 +187,8 @@ impl LockerBuilder {
             cluster,
             sentinels,
             service,
+            master_username,
+            master_password,
             prefix,
             default_ttl,
             default_wait,
@@ -180,6 +198,12 @@ impl LockerBuilder {
             safety_margin,
         } = config;
         let mut b = servers(LockerBuilder::default(), url, cluster, sentinels, service)?;
+        if master_username.is_some() || master_password.is_some() {
+            b = b.sentinel_master_auth(
+                master_username.unwrap_or_default(),
+                master_password.unwrap_or_default(),
+            );
+        }
         if let Some(prefix) = prefix {
             b = b.prefix(prefix);
         }

@@ -77,6 +77,14 @@ fn decode(s: &str) -> String {
 }
 
 /// `msg` with every credential of `raw_url` (raw and percent-decoded) replaced by `***`.
+/// `msg` with each non-empty secret replaced by `***`.
+pub(crate) fn scrub_secrets(msg: &str, secrets: &[String]) -> String {
+    secrets
+        .iter()
+        .filter(|s| !s.is_empty())
+        .fold(msg.to_owned(), |m, s| m.replace(s.as_str(), "***"))
+}
+
 pub(crate) fn scrub_all(msg: &str, raw_url: &str) -> String {
     let mut out = msg.to_owned();
     for s in secrets(raw_url) {

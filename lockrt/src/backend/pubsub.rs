@@ -58,8 +58,8 @@ struct Remote {
     connector: Arc<Connector>,
     addr: String,
     timeout: Duration,
-    /// The password, to scrub from messages.
-    secret: Option<String>,
+    /// The passwords, to scrub from messages.
+    secrets: Vec<String>,
 }
 
 /// Handle to a locker's subscriber task (cheap to clone).
@@ -79,7 +79,7 @@ impl Subscriber {
         connector: Arc<Connector>,
         addr: String,
         timeout: Duration,
-        secret: Option<String>,
+        secrets: Vec<String>,
     ) -> Subscriber {
         Subscriber {
             inner: Arc::new(Inner {
@@ -87,7 +87,7 @@ impl Subscriber {
                     connector,
                     addr,
                     timeout,
-                    secret,
+                    secrets,
                 }),
                 events: OnceLock::new(),
                 tx: Mutex::new(None),
@@ -427,10 +427,7 @@ impl Task {
     /// command connection's errors do.
     fn error(&self, e: SubError) -> BackendError {
         let scrub = |m: &str| {
-            let m = match self.remote.secret.as_deref() {
-                Some(s) if !s.is_empty() => m.replace(s, "***"),
-                _ => m.to_owned(),
-            };
+            let m = crate::redact::scrub_secrets(m, &self.remote.secrets);
             format!("pub/sub: {m}")
         };
         match e {

@@ -283,7 +283,7 @@ impl Drop for Rebuilding {
 pub(crate) struct RedisBackend {
     connector: Arc<Connector>,
     addr: String,
-    secret: Option<String>,
+    secrets: Vec<String>,
     timeouts: Timeouts,
     fence_retention: Duration,
     sync: Option<SyncReplicas>,
@@ -307,18 +307,18 @@ impl RedisBackend {
         let wait = sync.map_or(Duration::ZERO, |s| s.timeout);
         let connector = Arc::new(connector(topology, &tls, timeouts, wait)?);
         let addr = connector.describe();
-        let secret = connector.secret();
+        let secrets = connector.secrets();
         let subscriber = Subscriber::new(
             connector.clone(),
             addr.clone(),
             timeouts.connect.saturating_add(timeouts.response),
-            secret.clone(),
+            secrets.clone(),
         );
         let link = Arc::new(Link::new(connector.clone(), timeouts, wait));
         let backend = RedisBackend {
             connector,
             addr,
-            secret,
+            secrets,
             timeouts,
             fence_retention,
             sync,
@@ -425,17 +425,14 @@ impl RedisBackend {
     }
 
     fn scrub(&self, msg: &str) -> String {
-        match self.secret.as_deref() {
-            Some(s) if !s.is_empty() => msg.replace(s, "***"),
-            _ => msg.to_owned(),
-        }
+        crate::redact::scrub_secrets(msg, &self.secrets)
     }
 
     /// Runs `script` with the keys and arguments `fill` appends (after the request id
     /// `rid`), and returns its reply without the id. `wait`: follow it with `WAIT` and check
-    /// the configured replica acknowledgements (see [`Reply`]). A reply with another id (a shifted pipeline),
-    /// a timeout or a broken connection discards the connection and is a transient error: the
-    /// request may or may not have run.
+    /// the configured replica acknowledgements (see [`Reply`]). A reply with another id (a
+    /// shifted pipeline), a timeout or a broken connection discards the connection and is a
+    /// transient error: the request may or may not have run.
     async fn invoke<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
         &self,
         script: &Lua,
@@ -885,7 +882,9 @@ fn topology_for_messages(t: &Topology) -> String {
             let shown: Vec<String> = seeds.iter().map(|s| crate::redact::url(s)).collect();
             format!("cluster {}", shown.join(","))
         }
-        Topology::Sentinel { sentinels, service } => {
+        Topology::Sentinel {
+            sentinels, service, ..
+        } => {
             let shown: Vec<String> = sentinels.iter().map(|s| crate::redact::url(s)).collect();
             format!("sentinel service {service:?} via {}", shown.join(","))
         }

@@ -33,11 +33,22 @@ pub(crate) enum Topology {
     Client(Client),
     /// Seed URLs of a Redis Cluster.
     Cluster(Vec<String>),
-    /// Sentinel URLs and the monitored service's name.
+    /// Sentinel URLs and the monitored service's name; the masters' own credentials when
+    /// they are not the sentinel URLs'.
     Sentinel {
         sentinels: Vec<String>,
         service: String,
+        master_auth: Option<Auth>,
     },
+}
+
+/// A user name (`None`: the default user) and password.
+#[derive(Clone)]
+// Read only by the Sentinel connector.
+#[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
+pub(crate) struct Auth {
+    pub(crate) username: Option<String>,
+    pub(crate) password: String,
 }
 
 /// TLS material in PEM: a private CA to trust instead of the system's roots, and a client
@@ -138,6 +149,8 @@ pub(crate) enum Connector {
         service: String,
         first: Client,
         switches: SwitchWatch,
+        /// The masters' password, when it is not the sentinel URLs'.
+        master_password: Option<String>,
     },
 }
 
@@ -156,7 +169,11 @@ impl Connector {
             #[cfg(feature = "cluster")]
             Topology::Cluster(seeds) => cluster(&seeds, tls, timeouts),
             #[cfg(feature = "sentinel")]
-            Topology::Sentinel { sentinels, service } => sentinel(&sentinels, service, tls),
+            Topology::Sentinel {
+                sentinels,
+                service,
+                master_auth,
+            } => sentinel(&sentinels, service, master_auth, tls),
             #[allow(unreachable_patterns)]
             _ => Err(feature_missing()),
         }
@@ -292,20 +309,20 @@ impl Connector {
     }
 
     /// The password, to scrub from messages.
-    pub(crate) fn secret(&self) -> Option<String> {
-        // Without the topology features only one arm is left.
-        #[allow(clippy::infallible_destructuring_match)]
-        let c = match self {
-            Connector::Single(c) => c,
+    pub(crate) fn secrets(&self) -> Vec<String> {
+        let (c, more) = match self {
+            Connector::Single(c) => (c, None),
             #[cfg(feature = "cluster")]
-            Connector::Cluster { nodes, .. } => &nodes[0],
+            Connector::Cluster { nodes, .. } => (&nodes[0], None),
             #[cfg(feature = "sentinel")]
-            Connector::Sentinel { first, .. } => first,
+            Connector::Sentinel {
+                first,
+                master_password,
+                ..
+            } => (first, master_password.clone()),
         };
-        c.get_connection_info()
-            .redis_settings()
-            .password()
-            .map(str::to_owned)
+        let url = c.get_connection_info().redis_settings().password();
+        url.map(str::to_owned).into_iter().chain(more).collect()
     }
 }
 
@@ -406,6 +423,7 @@ fn cluster(
 fn sentinel(
     sentinels: &[String],
     service: String,
+    master_auth: Option<Auth>,
     tls: &TlsFiles,
 ) -> redis::RedisResult<Connector> {
     use redis::IntoConnectionInfo;
@@ -428,17 +446,24 @@ fn sentinel(
         &service,
         SentinelServerType::Master,
     )?;
-    // The sentinels and the masters use the credentials and TLS mode of the first URL.
+    // The sentinels use the credentials of the first URL; the masters too, unless they have
+    // their own. Both use its TLS mode.
     let settings = infos[0].redis_settings();
     if let Some(user) = settings.username() {
-        builder = builder
-            .set_client_to_sentinel_username(user)
-            .set_client_to_redis_username(user);
+        builder = builder.set_client_to_sentinel_username(user);
     }
     if let Some(password) = settings.password() {
-        builder = builder
-            .set_client_to_sentinel_password(password)
-            .set_client_to_redis_password(password);
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    let master = master_auth.clone().unwrap_or_else(|| Auth {
+        username: settings.username().map(str::to_owned),
+        password: settings.password().unwrap_or_default().to_owned(),
+    });
+    if let Some(user) = &master.username {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if !master.password.is_empty() {
+        builder = builder.set_client_to_redis_password(&master.password);
     }
     builder = builder.set_client_to_redis_db(settings.db());
     if let ConnectionAddr::TcpTls { insecure, .. } = infos[0].addr() {
@@ -463,6 +488,7 @@ fn sentinel(
         switches: SwitchWatch::new(watchers, service.clone()),
         service,
         first,
+        master_password: master_auth.map(|a| a.password),
     })
 }
 

@@ -70,7 +70,18 @@ impl RedisSentinelGroup {
     /// `service` is letters, digits, `.`, `_` and `-`. Fails with the install command when
     /// `redis-server` is missing.
     pub fn start(service: &str, sentinels: usize) -> io::Result<RedisSentinelGroup> {
-        RedisSentinelGroup::start_inner(service, sentinels, None)
+        RedisSentinelGroup::start_inner(service, sentinels, None, &[])
+    }
+
+    /// Like [`start`](Self::start), with `args` added to both data servers' command lines
+    /// (e.g. ACL `--user` lines). The sentinels, the replication link and this type's own
+    /// checks connect as the default user, which must keep its commands and channels.
+    pub fn start_with_server_args(
+        service: &str,
+        sentinels: usize,
+        args: &[&str],
+    ) -> io::Result<RedisSentinelGroup> {
+        RedisSentinelGroup::start_inner(service, sentinels, None, args)
     }
 
     /// Like [`start`](Self::start), with TLS everywhere clients go: the data servers and the
@@ -83,18 +94,21 @@ impl RedisSentinelGroup {
         sentinels: usize,
         material: &super::TlsMaterial,
     ) -> io::Result<RedisSentinelGroup> {
-        RedisSentinelGroup::start_inner(service, sentinels, Some(material))
+        RedisSentinelGroup::start_inner(service, sentinels, Some(material), &[])
     }
 
     fn start_inner(
         service: &str,
         sentinels: usize,
         tls: Option<&super::TlsMaterial>,
+        args: &[&str],
     ) -> io::Result<RedisSentinelGroup> {
         check_group(service, sentinels)?;
-        let (master, master_at) = data_server(&[], tls)?;
+        let (master, master_at) = data_server(args, tls)?;
         let master_port = master_at.to_string();
-        let (replica, replica_at) = data_server(&["--replicaof", "127.0.0.1", &master_port], tls)?;
+        let mut replica_args = vec!["--replicaof", "127.0.0.1", &master_port];
+        replica_args.extend(args);
+        let (replica, replica_at) = data_server(&replica_args, tls)?;
         let mut group = RedisSentinelGroup {
             service: service.to_owned(),
             servers: vec![master, replica],
