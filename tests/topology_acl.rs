@@ -236,3 +236,31 @@ async fn acl_user_without_a_command_the_scripts_run_gets_the_rules() {
     );
     assert_refused(&text, &err, &["+time", "~{lock:*"], password);
 }
+
+/// With `sync_replicas`, a user without `+wait`: the acquire script runs, `WAIT` is refused.
+/// The write does not count, so the lock is released at once (not left for its ttl), and the
+/// error names the rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_without_wait_leaves_no_lock_under_sync_replicas() {
+    let password = "pw-nowait-2468";
+    let rules = RULES.replace("+wait ", "");
+    let server = server_with_user("nowait", password, &rules).await;
+    let locker = Locker::builder()
+        .url(user_url(&server, "nowait", password))
+        .sync_replicas(0, ms(100))
+        .build()
+        .await
+        .expect("connect");
+    let err = locker
+        .acquire("nowait", LockOptions::new().ttl(ms(30_000)).wait(ms(300)))
+        .await
+        .expect_err("WAIT is refused");
+    let text = err.to_string();
+    let left = Raw::single(&server.url()).await.lease_left("nowait").await;
+    figure(
+        "acl_user_without_wait_leaves_no_lock_under_sync_replicas",
+        format!("lock left: {left:?}; {text}"),
+    );
+    assert_eq!(left, None, "the unacknowledged lock was left for its ttl");
+    assert_refused(&text, &err, &["+wait"], password);
+}

@@ -152,6 +152,34 @@ async fn cluster_sync_replicas_waits_on_the_locks_own_master() {
     assert!(kept_through, "the lock on master 1 was lost");
     assert!(back.is_some(), "never acknowledged again");
     kept.release().await.expect("release on master 1");
+
+    // The slot of a held lock moves to master 1, lock and all: its routed renewal (script
+    // and `WAIT`) is answered `MOVED`, and the renewals follow the slot, with the new
+    // master's replica acknowledging, before the lease ends.
+    let moving = locker
+        .acquire(&refused_key, LockOptions::new().ttl(ms(1_500)))
+        .await
+        .expect("acknowledged again");
+    let slot = slot_of(format!("lock:{refused_key}"));
+    cluster.migrate_slot(slot, 1).expect("migrate the slot");
+    let moved = Instant::now();
+    // Three renewal periods on the new master.
+    let lost = tokio::time::timeout(ms(1_500), moving.lost()).await.is_ok();
+    let raw_left = Raw::cluster(&cluster.seed_urls())
+        .await
+        .lease_left(&refused_key)
+        .await;
+    figure(
+        "cluster_sync_replicas_slot_moved",
+        format!(
+            "lock (ttl 1.5 s) whose slot moved to another master: lost {lost} within {}, \
+             lease left there {raw_left:?}",
+            ms_f(moved.elapsed())
+        ),
+    );
+    assert!(!lost, "the lock was lost when its slot moved");
+    assert!(raw_left.is_some(), "the lock is gone from the new master");
+    moving.release().await.expect("release on the new master");
 }
 
 /// `CLUSTER FAILOVER` of the master that serves a held lock with a queued waiter: the holder

@@ -364,7 +364,15 @@ async fn run(backend: Arc<Backend>, closer: Closer) {
         tokio::select! {
             biased;
             () = shared.wake.notified() => {}
-            Some((ids, sent, res)) = done_rx.recv() => apply_outcome(&mut shared.table(), &ids, sent, res),
+            Some(first) = done_rx.recv() => {
+                // Every outcome that is in, before the next scan: one per slot on a cluster.
+                let mut t = shared.table();
+                let (ids, sent, res) = first;
+                apply_outcome(&mut t, &ids, sent, res);
+                while let Ok((ids, sent, res)) = done_rx.try_recv() {
+                    apply_outcome(&mut t, &ids, sent, res);
+                }
+            }
             () = tokio::time::sleep_until(wake) => {}
         }
     }

@@ -375,10 +375,17 @@ impl RedisBackend {
     /// After a request on connection `generation` failed with `e`: a connection that can't
     /// be trusted any more is replaced, a cluster's in the background.
     fn after_failure(&self, generation: u64, e: &RedisError) {
-        if !needs_new_connection(e) {
+        let cluster = self.connector.is_cluster();
+        // redis-rs follows redirections (inside a routed pipeline too) a few times; one that
+        // still reaches here means its slot map stays stale: a new connection reads it anew.
+        let moved = matches!(
+            e.retry_method(),
+            RetryMethod::MovedRedirect | RetryMethod::AskRedirect
+        );
+        if !(needs_new_connection(e) || cluster && moved) {
             return;
         }
-        if self.connector.is_cluster() {
+        if cluster {
             self.link.rebuild_in_background();
         } else {
             self.link.discard(generation);
@@ -494,13 +501,19 @@ impl RedisBackend {
                     .cmd("WAIT")
                     .arg(s.replicas)
                     .arg(millis(s.timeout));
-                let replies = conn.pipeline_at(pipe, slot).await?;
-                replies.into_iter().map(Value::extract_error).collect()
+                let mut replies = conn.pipeline_at(pipe, slot).await?.into_iter();
+                let script = replies.next().unwrap_or(Value::Nil).extract_error()?;
+                // The script ran: an error answering `WAIT` (an ACL without `+wait`) is an
+                // unacknowledged write, which the caller releases, not a failed request.
+                Ok(vec![script, replies.next().unwrap_or(Value::Nil)])
             }
         }
     }
 
     fn check_acks(&self, sync: SyncReplicas, acks: &Value) -> Result<(), BackendError> {
+        if let Value::ServerError(e) = acks {
+            return Err(self.error(&RedisError::from(e.clone())));
+        }
         let acked = match acks {
             Value::Int(n) => *n,
             _ => 0,

@@ -77,8 +77,8 @@ impl Conn {
     /// Sends `pipe` as one batch to the server that owns `slot`: the only server of a
     /// standalone or Sentinel connection, the slot's master on a Cluster. A `WAIT` in `pipe`
     /// thus follows the script before it on the same node connection and counts its writes.
-    /// (A Cluster answers `MOVED` inside the batch when its slot map is stale; that error
-    /// makes the caller rebuild the connection, as any redirection does.)
+    /// (redis-rs follows a `MOVED` inside the batch as for any request, refreshing its slot
+    /// map.)
     pub(crate) async fn pipeline_at(
         &mut self,
         pipe: Pipeline,
