@@ -387,6 +387,7 @@ impl Task {
         match res {
             Ok(Ok(())) => {
                 self.subscribed.insert(tag.clone());
+                self.heard = Instant::now();
                 Ok(())
             }
             Ok(Err(e)) => {
