@@ -106,6 +106,17 @@ async fn child_from_env() {
     );
     println!("child: held {key}");
     guard.release().await.unwrap();
+    // `other` gave up, and its queue place is removed in the background; a release in that
+    // instant hands it the lock, which that cleanup then releases. Let it run before this
+    // process exits, or the next child finds the lock taken until its grant lease ends.
+    let gone = async {
+        while conn.exists::<_, bool>(&key).await.unwrap() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3), gone)
+        .await
+        .expect("the lock is released by the waiter's cleanup");
 }
 
 #[test]
