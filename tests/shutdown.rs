@@ -73,3 +73,41 @@ async fn second_instance_takes_over_within_a_hand_off_after_shutdown() {
         other.release().await.unwrap();
     }
 }
+
+/// An acquisition that gave up leaves its queue place to a background clean-up (a release in
+/// that instant may even hand it the lock). `shutdown` lets that clean-up finish, so a process
+/// that shuts its locker down before exiting leaves nothing behind. Checked with a blocking
+/// connection, during which the current-thread runtime runs nothing else.
+#[tokio::test(flavor = "current_thread")]
+async fn shutdown_finishes_the_clean_up_of_a_waiter_that_gave_up() {
+    let fx = Fx::redis();
+    let Fx::Redis(server) = &fx else {
+        unreachable!()
+    };
+    let mut sync = server
+        .client()
+        .get_connection()
+        .expect("blocking connection");
+    let queued = |c: &mut redis::Connection| -> usize {
+        redis::cmd("ZCARD")
+            .arg("{lock:gave-up}:q")
+            .query(c)
+            .expect("ZCARD")
+    };
+    let holder = fx.locker().await;
+    let waiter = fx.locker().await;
+    let _held = holder.acquire("gave-up", opts()).await.unwrap();
+    let err = waiter
+        .acquire("gave-up", opts().wait(ms(200)))
+        .await
+        .expect_err("the lock is held");
+    assert!(err.is_timeout(), "{err:?}");
+    // The clean-up has not run yet: nothing else ran since the acquire returned.
+    assert_eq!(queued(&mut sync), 1, "the waiter's queue place");
+    waiter.shutdown().await;
+    assert_eq!(
+        queued(&mut sync),
+        0,
+        "shutdown returned before the clean-up ran"
+    );
+}

@@ -462,8 +462,9 @@ fn spawn_cleanup(locker: &Locker, key: LockKey, token: Token, bound: Duration) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
+    let tracker = locker.inner.cleanups.clone();
     let locker = locker.clone();
-    rt.spawn(async move {
+    tracker.spawn_on(async move {
         let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500), 64)
             .until(Instant::now() + bound);
         loop {
@@ -477,7 +478,7 @@ fn spawn_cleanup(locker: &Locker, key: LockKey, token: Token, bound: Duration) {
                 }
             }
         }
-    });
+    }, &rt);
 }
 
 /// `fut`'s output, or `None` if `deadline` passes first (`None` deadline: no limit).

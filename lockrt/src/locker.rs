@@ -70,6 +70,9 @@ pub(crate) struct Inner {
     pub(crate) waiting: AtomicUsize,
     /// Cancelled by `shutdown`: no new locks, waiters end.
     pub(crate) closing: CancellationToken,
+    /// Background clean-ups of acquisitions that ended without a guard, which `shutdown`
+    /// lets finish.
+    pub(crate) cleanups: tokio_util::task::TaskTracker,
     next_lease: AtomicU64,
 }
 
@@ -131,6 +134,7 @@ impl Locker {
                 held: AtomicUsize::new(0),
                 waiting: AtomicUsize::new(0),
                 closing: CancellationToken::new(),
+                cleanups: tokio_util::task::TaskTracker::new(),
                 next_lease: AtomicU64::new(1),
             }),
         }
@@ -256,9 +260,11 @@ impl Locker {
     /// [`LockError::ShutDown`]), the watchdog stops, and every lock held through it (and its
     /// clones) is released now, so another instance takes over within a hand-off, not a ttl.
     /// Sections holding a lock see it lost (`run` returns `Lost`); guards released later
-    /// report success without another round trip. Bounded: releases that do not answer within
-    /// the response timeout are left to their leases. Call it before the process exits, e.g.
-    /// after axum's graceful shutdown.
+    /// report success without another round trip. Acquisitions that gave up (a `wait` that
+    /// elapsed, a cancelled call) have their queue places, and any lock a release handed them
+    /// meanwhile, cleaned up before it returns. Bounded: what does not answer within the
+    /// connect and response timeouts is left to its lease. Call it before the process exits,
+    /// e.g. after axum's graceful shutdown.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
@@ -293,6 +299,10 @@ impl Locker {
             lease.leave_turn();
         });
         futures_util::future::join_all(releases).await;
+        // An acquisition that gave up may still be queued, or have been handed the lock by a
+        // release in that instant: its clean-up runs before the process may exit.
+        self.inner.cleanups.close();
+        let _ = tokio::time::timeout(bound, self.inner.cleanups.wait()).await;
         tracing::debug!(released = leases.len(), "locker shut down");
     }
 
