@@ -74,9 +74,9 @@ impl Oracle {
         let conn = redis::Client::open(url)
             .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
             .expect("oracle connection");
-        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        conn.set_write_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
+        // No socket timeouts: with one, a read that a SIGSTOP/SIGCONT of this worker
+        // interrupts fails with EINTR instead of resuming (signal(7)); the parent bounds a
+        // worker's life anyway.
         Oracle {
             conn,
             ns: ns.to_owned(),
