@@ -3,8 +3,6 @@
 
 mod support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockrt::{LockError, Locker};
@@ -80,28 +78,9 @@ async fn acquire_while_redis_is_down_is_a_backend_error_within_wait_plus_1s() {
     fx.server().resume().unwrap();
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn password_appears_in_no_error_debug_output_or_log_line() {
-    let logs = Captured::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
+    let (logs, subscriber) = support::logs::capture(tracing::Level::TRACE);
     let _default = tracing::subscriber::set_default(subscriber);
 
     let secret = "s3cr3t-pa55";
@@ -141,7 +120,7 @@ async fn password_appears_in_no_error_debug_output_or_log_line() {
     drop(guard);
     tokio::time::sleep(ms(300)).await;
 
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = String::from_utf8(logs.bytes()).unwrap();
     assert!(!logs.is_empty(), "expected log lines from the failures");
     for text in seen.iter().chain(std::iter::once(&logs)) {
         assert!(!text.contains(secret), "password leaked: {text}");
