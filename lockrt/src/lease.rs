@@ -367,9 +367,8 @@ async fn run(backend: Arc<Backend>, closer: Closer) {
             Some(first) = done_rx.recv() => {
                 // Every outcome that is in, before the next scan: one per slot on a cluster.
                 let mut t = shared.table();
-                let (ids, sent, res) = first;
-                apply_outcome(&mut t, &ids, sent, res);
-                while let Ok((ids, sent, res)) = done_rx.try_recv() {
+                let more = std::iter::from_fn(|| done_rx.try_recv().ok());
+                for (ids, sent, res) in std::iter::once(first).chain(more) {
                     apply_outcome(&mut t, &ids, sent, res);
                 }
             }
@@ -516,6 +515,30 @@ mod tests {
 
     const SAFETY: Duration = Duration::from_millis(50);
 
+    /// A lease on `key` with `token`, taken now for `ttl`.
+    fn lease(
+        id: u64,
+        key: LockKey,
+        token: Token,
+        ttl: Duration,
+        max_hold: Option<Duration>,
+    ) -> Arc<LeaseInfo> {
+        let turn = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let lease = NewLease {
+            id,
+            key,
+            token,
+            ttl,
+            watchdog: true,
+            safety: SAFETY,
+            max_hold,
+            min_hold: None,
+            sent: Instant::now(),
+            lease: ttl,
+        };
+        Arc::new(LeaseInfo::new(lease, turn))
+    }
+
     fn setup(ttl: Duration, max_hold: Option<Duration>) -> (Arc<Backend>, Arc<LeaseInfo>) {
         let backend = Arc::new(Backend::Memory(MemoryBackend::default()));
         let key = LockKey::new("lock:", "k").unwrap();
@@ -527,23 +550,7 @@ mod tests {
             m.acquire(&key, &token, ttl),
             Attempt::Acquired { .. }
         ));
-        let turn = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-        let info = LeaseInfo::new(
-            NewLease {
-                id: 1,
-                key,
-                token,
-                ttl,
-                watchdog: true,
-                safety: SAFETY,
-                max_hold,
-                min_hold: None,
-                sent: Instant::now(),
-                lease: ttl,
-            },
-            turn,
-        );
-        (backend, Arc::new(info))
+        (backend, lease(1, key, token, ttl, max_hold))
     }
 
     fn pttl(backend: &Backend) -> Option<Duration> {
@@ -557,21 +564,8 @@ mod tests {
     fn renewal_batches_hold_one_group_and_at_most_max_batch() {
         let leases: Vec<Arc<LeaseInfo>> = (0..1_203u64)
             .map(|id| {
-                let turn = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-                let ttl = Duration::from_secs(3);
-                let lease = NewLease {
-                    id,
-                    key: LockKey::new("lock:", &format!("k{id}")).unwrap(),
-                    token: Token::new(),
-                    ttl,
-                    watchdog: true,
-                    safety: SAFETY,
-                    max_hold: None,
-                    min_hold: None,
-                    sent: Instant::now(),
-                    lease: ttl,
-                };
-                Arc::new(LeaseInfo::new(lease, turn))
+                let key = LockKey::new("lock:", &format!("k{id}")).unwrap();
+                lease(id, key, Token::new(), Duration::from_secs(3), None)
             })
             .collect();
         // Two groups: 1,083 leases in group 0 (three calls), 120 in group 1 (one call).
