@@ -85,10 +85,18 @@ impl Locker {
         &self,
         acquisition: impl Future<Output = Result<LockGuard, LockError>>,
     ) -> Result<LockGuard, LockError> {
-        tokio::select! {
+        let res = tokio::select! {
             biased;
             () = self.inner.closing.cancelled() => Err(LockError::ShutDown),
             res = acquisition => res,
+        };
+        match res {
+            // Completed as `shutdown` drained the monitors: nothing renews it, so it is not
+            // handed out (dropping it releases it).
+            Ok(guard) if guard.is_lost() && self.inner.closing.is_cancelled() => {
+                Err(LockError::ShutDown)
+            }
+            res => res,
         }
     }
 

@@ -196,68 +196,20 @@ struct Release {
 impl Release {
     async fn run(&mut self) -> Result<Released, BackendError> {
         self.monitor.remove(self.info.id);
-        let res = self.delete().await;
+        let res = end_lease(self.locker.backend(), &self.info).await;
         if matches!(res, Ok(Released::Freed)) {
             self.locker.wake(&self.info.key.tag);
         }
-        if matches!(res, Ok(Released::Freed | Released::HandedOver)) {
-            crate::metrics::released(self.info.acquired_at.elapsed());
+        match res {
+            Ok(Released::Freed | Released::HandedOver) => {
+                crate::metrics::released(self.info.acquired_at.elapsed())
+            }
+            Ok(Released::NotOwner) => crate::lease::declare_lost(&self.info, LOST_AT_RELEASE),
+            Err(_) => {}
         }
         tracing::debug!(key = ?&*self.info.key.user, released = ?res.as_ref().ok(), "release");
         self.finish();
         res
-    }
-
-    /// The owner-checked delete, retried a few times when its outcome is unknown. A retry
-    /// that finds the lock gone while our deadline has not passed means an earlier try
-    /// landed: that is a successful release, not a loss.
-    async fn delete(&self) -> Result<Released, BackendError> {
-        let mut backoff = Backoff::new(
-            Duration::from_millis(10),
-            Duration::from_millis(100),
-            RELEASE_RETRIES,
-        );
-        if self
-            .info
-            .released
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
-            return Ok(Released::Freed);
-        }
-        if let Some(keep) = self.info.keep_until.filter(|k| *k > Instant::now()) {
-            return self.keep_until(keep).await;
-        }
-        let mut uncertain = false;
-        loop {
-            let still_ours = !self.info.is_lost_by_deadline();
-            match self
-                .locker
-                .backend()
-                .release(&self.info.key, &self.info.token)
-                .await
-            {
-                Ok(Released::NotOwner) if uncertain && still_ours => return Ok(Released::Freed),
-                Err(e) if backoff.retry(&e).await => uncertain = true,
-                res => return res,
-            }
-        }
-    }
-
-    /// `min_hold`: instead of deleting, shorten the lease (owner-checked) to end at `keep`, so
-    /// nobody takes the lock sooner.
-    async fn keep_until(&self, keep: Instant) -> Result<Released, BackendError> {
-        let renewal = crate::backend::Renewal {
-            lock: self.info.key.lock(),
-            token: &self.info.token,
-            lease: keep.saturating_duration_since(Instant::now()),
-        };
-        let outcome = self.locker.backend().renew(&[renewal]).await;
-        match outcome.into_iter().next() {
-            Some(Ok(true)) => Ok(Released::Freed),
-            Some(Ok(false)) => Ok(Released::NotOwner),
-            Some(Err(e)) => Err(e),
-            None => Ok(Released::NotOwner),
-        }
     }
 
     /// Local bookkeeping once the release is over (or can't happen): the lease ends for
@@ -299,11 +251,67 @@ impl Drop for Release {
         self.done = true;
         // The lease stops protecting anything now, not when the background release ends.
         self.info.lost.cancel();
-        rt.spawn(async move {
+        // Tracked, so `Locker::shutdown` waits for it before the process may exit.
+        let tracker = self.locker.inner.cleanups.clone();
+        rt.spawn(tracker.track_future(async move {
             if let Err(e) = rest.run().await {
                 tracing::warn!(key = ?&*rest.info.key.user, error = %e, "background release failed; the lease will expire");
             }
-        });
+        }));
+    }
+}
+
+/// Why a release that found the lock not ours is a loss.
+const LOST_AT_RELEASE: &str = "the release found the lock gone or held by another owner \
+     (expired, force-unlocked, or lost by a server restart or failover)";
+
+/// Ends a lease in Redis: with `min_hold` not yet reached the lock is kept (owner-checked)
+/// until then, otherwise released by token; both retried a few times when their outcome is
+/// unknown. Success only when this token's own release provably happened: a retry finds the
+/// proof its first try left, and "not ours" without it is `NotOwner` (the lock expired, was
+/// force-unlocked, or the server restarted: another owner may have held it meanwhile).
+/// Used by a guard's release and by `Locker::shutdown`.
+pub(crate) async fn end_lease(
+    backend: &crate::backend::Backend,
+    info: &LeaseInfo,
+) -> Result<Released, BackendError> {
+    if info.released.load(std::sync::atomic::Ordering::Acquire) {
+        return Ok(Released::Freed);
+    }
+    let mut backoff = Backoff::new(
+        Duration::from_millis(10),
+        Duration::from_millis(100),
+        RELEASE_RETRIES,
+    );
+    let keep = info.keep_until.filter(|k| *k > Instant::now());
+    loop {
+        let res = match keep {
+            Some(keep) => keep_until(backend, info, keep).await,
+            None => backend.release(&info.key, &info.token).await,
+        };
+        match res {
+            Err(e) if backoff.retry(&e).await => {}
+            res => return res,
+        }
+    }
+}
+
+/// `min_hold`: instead of deleting, shorten the lease (owner-checked) to end at `keep`, so
+/// nobody takes the lock sooner. Repeating it is harmless, so a retry needs no proof.
+async fn keep_until(
+    backend: &crate::backend::Backend,
+    info: &LeaseInfo,
+    keep: Instant,
+) -> Result<Released, BackendError> {
+    let renewal = crate::backend::Renewal {
+        lock: info.key.lock(),
+        token: &info.token,
+        lease: keep.saturating_duration_since(Instant::now()),
+    };
+    match backend.renew(&[renewal]).await.into_iter().next() {
+        Some(Ok(true)) => Ok(Released::Freed),
+        Some(Ok(false)) | None => Ok(Released::NotOwner),
+        Some(Err(e)) => Err(e),
     }
 }
 

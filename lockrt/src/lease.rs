@@ -57,6 +57,8 @@ pub(crate) struct LeaseInfo {
     pub(crate) lost: CancellationToken,
     /// Released by `Locker::shutdown`: the guard's own release has nothing left to do.
     pub(crate) released: std::sync::atomic::AtomicBool,
+    /// The loss was logged and counted (once, by whoever found it first).
+    loss_reported: std::sync::atomic::AtomicBool,
     /// The local deadline; moved forward by each successful renewal.
     deadline: Mutex<Instant>,
     /// The holder's place in its locker's queue for the key: given up at loss, so local
@@ -95,6 +97,7 @@ impl LeaseInfo {
             keep_until: n.min_hold.and_then(|h| Instant::now().checked_add(h)),
             lost: CancellationToken::new(),
             released: std::sync::atomic::AtomicBool::new(false),
+            loss_reported: std::sync::atomic::AtomicBool::new(false),
             deadline: Mutex::new(deadline_of(n.sent, n.lease, n.safety, hold_until)),
             turn: Mutex::new(Some(turn)),
         }
@@ -115,11 +118,6 @@ impl LeaseInfo {
     /// waiting for the monitor to run.
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.is_cancelled() || Instant::now() >= self.deadline()
-    }
-
-    /// Past the local deadline (a loss, unlike the end of the lease by release).
-    pub(crate) fn is_lost_by_deadline(&self) -> bool {
-        Instant::now() >= self.deadline()
     }
 
     /// Resolves once [`is_lost`](Self::is_lost) holds.
@@ -499,9 +497,16 @@ fn warn_limited(t: &mut Table, now: Instant, e: &crate::error::BackendError, lea
     t.suppressed = 0;
 }
 
-fn declare_lost(info: &LeaseInfo, why: &str) {
-    crate::metrics::lost();
-    tracing::warn!(key = ?&*info.key.user, reason = why, "lock lost");
+/// Marks the lease lost; the first to find a lease lost (the monitor, a release, shutdown)
+/// logs it at WARN and counts it, so operators see every loss exactly once.
+pub(crate) fn declare_lost(info: &LeaseInfo, why: &str) {
+    if !info
+        .loss_reported
+        .swap(true, std::sync::atomic::Ordering::AcqRel)
+    {
+        crate::metrics::lost();
+        tracing::warn!(key = ?&*info.key.user, reason = why, "lock lost");
+    }
     info.lost.cancel();
     info.leave_turn();
 }

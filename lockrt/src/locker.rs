@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::LockError;
-use crate::backend::Backend;
+use crate::backend::{Backend, Released};
 use crate::key::LockKey;
 use crate::lease::Monitor;
 use crate::options::Wait;
@@ -247,6 +247,10 @@ impl Locker {
             .monitors
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        if self.inner.closing.is_cancelled() {
+            // Shut down: a lease added now would be renewed by nobody's choice, forever.
+            return Some(Arc::new(Monitor::closed()));
+        }
         monitors.retain(|(_, m)| m.alive());
         if let Some((_, m)) = monitors.iter().find(|(r, _)| *r == id) {
             return Some(m.clone());
@@ -276,33 +280,60 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn shutdown(&self) {
-        self.inner.closing.cancel();
-        let monitors: Vec<Arc<Monitor>> = self
-            .inner
-            .monitors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-            .map(|(_, m)| m)
-            .collect();
-        let leases: Vec<_> = monitors.iter().flat_map(|m| m.drain()).collect();
+        let leases: Vec<_> = {
+            let mut monitors = self
+                .inner
+                .monitors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            // Under the monitors' lock: an acquire that completes from now on finds the
+            // locker closing and no monitor to start (`monitor`), so nothing renews forever.
+            self.inner.closing.cancel();
+            monitors.drain(..).flat_map(|(_, m)| m.drain()).collect()
+        };
         let bound = self.inner.settings.shutdown_bound;
         let releases = leases.iter().map(|lease| async move {
+            // The lease stops protecting anything now, whatever the server says.
             lease.lost.cancel();
-            let res =
-                tokio::time::timeout(bound, self.inner.backend.release(&lease.key, &lease.token))
-                    .await;
-            if matches!(res, Ok(Ok(_))) {
-                lease.released.store(true, Ordering::Release);
-                self.wake(&lease.key.tag);
+            let res = tokio::time::timeout(
+                bound,
+                crate::guard::end_lease(&self.inner.backend, lease),
+            )
+            .await;
+            match res {
+                Ok(Ok(Released::Freed | Released::HandedOver)) => {
+                    lease.released.store(true, Ordering::Release);
+                    self.wake(&lease.key.tag);
+                }
+                // Not ours any more: a loss, which the guard's own release reports too.
+                Ok(Ok(Released::NotOwner)) => crate::lease::declare_lost(
+                    lease,
+                    "shutdown found the lock gone or held by another owner",
+                ),
+                Ok(Err(e)) => {
+                    tracing::warn!(key = ?&*lease.key.user, error = %e, "shutdown could not release the lock; its lease will expire")
+                }
+                Err(_) => {
+                    tracing::warn!(key = ?&*lease.key.user, bound_ms = bound.as_millis() as u64, "shutdown gave up waiting for a release; the lock's lease will expire")
+                }
             }
             lease.leave_turn();
         });
         futures_util::future::join_all(releases).await;
-        // An acquisition that gave up may still be queued, or have been handed the lock by a
-        // release in that instant: its clean-up runs before the process may exit.
+        // Releases of dropped guards and sections still under way, and acquisitions that gave
+        // up (their queue place, or a lock a release handed them in that instant): all finish
+        // before the process may exit.
         self.inner.cleanups.close();
-        let _ = tokio::time::timeout(bound, self.inner.cleanups.wait()).await;
+        if tokio::time::timeout(bound, self.inner.cleanups.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                pending = self.inner.cleanups.len(),
+                bound_ms = bound.as_millis() as u64,
+                "shutdown gave up waiting for background releases; their leases will expire"
+            );
+        }
         tracing::debug!(released = leases.len(), "locker shut down");
     }
 

@@ -649,13 +649,21 @@ impl RedisBackend {
     ) -> Result<Released, BackendError> {
         let retention = millis(self.fence_retention);
         let owner = owner_key(key.lock());
+        // A forced unlock leaves no proof of release: the holder's own retry must see a loss.
+        let done = token.map(|t| done_key(key, t));
         let call = Call {
-            nkeys: 5,
-            keys: |c: &mut Cmd| lock_keys(c, key, &owner),
+            nkeys: if done.is_some() { 6 } else { 5 },
+            keys: |c: &mut Cmd| {
+                lock_keys(c, key, &owner);
+                if let Some(done) = &done {
+                    c.arg(done);
+                }
+            },
             args: |c: &mut Cmd| {
                 c.arg(token.map_or("", Token::as_str))
                     .arg(key.channel())
-                    .arg(retention);
+                    .arg(retention)
+                    .arg(millis(self.release_proof_life()));
             },
         };
         let script = if token.is_some() { &*RELEASE } else { &*FORCE };
@@ -663,12 +671,20 @@ impl RedisBackend {
         Ok(match reply.first() {
             Some(0) => Released::NotOwner,
             Some(2) => Released::HandedOver,
+            // 3: an earlier try of this release landed (its proof is there).
             _ => Released::Freed,
         })
     }
 }
 
 impl RedisBackend {
+    /// How long a release's proof (`{lock}:done:<token>`) outlives it: longer than every
+    /// retry of that release can take (each bounded by the connect and response timeouts).
+    fn release_proof_life(&self) -> Duration {
+        let per_try = self.timeouts.connect + self.timeouts.response;
+        (per_try * 8).max(Duration::from_secs(10))
+    }
+
     /// Releases `key` whoever holds it, as its holder's release would (hand-over included).
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<Released, BackendError> {
         self.release_as(key, None).await
@@ -871,6 +887,11 @@ fn per_lease(res: Result<Vec<bool>, BackendError>, n: usize) -> Vec<Renewed> {
         Ok(v) => v.into_iter().map(Ok).collect(),
         Err(e) => vec![Err(e); n],
     }
+}
+
+/// `{lock}:done:<token>`: proof that `token`'s own release happened (release.lua's KEYS[6]).
+fn done_key(key: &LockKey, token: &Token) -> String {
+    format!("{}:done:{}", key.tag, token.as_str())
 }
 
 /// The five names one lock's acquire- and release-shaped scripts take, in their KEYS order.

@@ -11,18 +11,25 @@
 -- happened by then and stand; waiters fall back to their timed retry.
 -- KEYS[5] (optional): the owner key, deleted with the lock; a hand-over writes the waiter's
 -- identity (field "o:<token>" of KEYS[4]) there.
+-- KEYS[6] (optional, never with force.lua): `{lock}:done:<token>`, the proof that this token's
+-- own release happened, kept ARGV[5] ms. A retried release whose first try's reply was lost
+-- finds it and answers 3; without it, "not the holder" may mean expired, force-unlocked or a
+-- server restarted without its data, and another owner may have run: that is a loss.
 -- Never deletes another owner's lock. Returns {rid, n}: n = 0 if ARGV[2] did not hold the
--- lock, 1 if it was released, 2 if it was released and handed to a waiter.
+-- lock, 1 if it was released, 2 if it was released and handed to a waiter, 3 if this token's
+-- release had already happened (the marker of KEYS[6]).
 local token = ARGV[2]
 local cur = redis.call('GET', KEYS[1])
 if not owns(cur, token) then
   -- Not the holder: a waiter that gave up, or a late release. Only its queue place goes.
   redis.call('ZREM', KEYS[3], token)
   redis.call('HDEL', KEYS[4], token, 'o:' .. token)
+  if KEYS[6] and redis.call('EXISTS', KEYS[6]) == 1 then return {rid, 3} end
   return {rid, 0}
 end
 redis.call('DEL', KEYS[1])
 if KEYS[5] then redis.call('DEL', KEYS[5]) end
+if KEYS[6] then redis.call('SET', KEYS[6], '1', 'PX', ARGV[5]) end
 
 local queued = false
 for _ = 1, 64 do
