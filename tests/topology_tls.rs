@@ -3,8 +3,14 @@
 //! with a client certificate when the server requires one; without the CA, or without the
 //! client certificate, the connect fails with the TLS advice (and never panics inside rustls).
 //! The same through Sentinel: sentinels and data servers on TLS only for clients, one CA.
+//! Without `tls_ca_pem`, the platform's trust store is used: a CA given only through
+//! `SSL_CERT_FILE` is trusted (checked in a child process, the only place the environment is
+//! set), and `tls_ca_pem` replaces it.
 
 mod topology_support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use lockrt::testing::{RedisSentinelGroup, RedisTlsServer, TlsMaterial};
 use lockrt::{LockError, LockOptions, Locker};
@@ -177,4 +183,163 @@ async fn tls_sentinel_with_a_private_ca() {
             .await,
         "tls_sentinel_without_the_ca_fails_with_the_tls_advice",
     );
+}
+
+/// Set on the child process: the `child_*` test only acts when it is there, and reads the
+/// servers and the other CA from these variables.
+const CHILD: &str = "LOCKRT_TLS_TEST_CHILD";
+const CHILD_URL: &str = "LOCKRT_TLS_TEST_URL";
+const CHILD_SENTINELS: &str = "LOCKRT_TLS_TEST_SENTINELS";
+const CHILD_OTHER_CA: &str = "LOCKRT_TLS_TEST_OTHER_CA";
+/// How long the child may take (it connects a few lockers and hands a lock over twice).
+const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn in_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+/// Runs the test `name` of this binary in a child process whose trust store is `ca_file`
+/// alone (`SSL_CERT_FILE`, no `SSL_CERT_DIR`), with `vars`; killed after [`CHILD_TIMEOUT`].
+fn child(name: &str, ca_file: &std::path::Path, vars: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env("SSL_CERT_FILE", ca_file)
+        .env_remove("SSL_CERT_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let proc = cmd.spawn().unwrap();
+    let pid = proc.id();
+    let (tx, rx) = std::sync::mpsc::channel::<std::io::Result<Output>>();
+    std::thread::spawn(move || {
+        let _ = tx.send(proc.wait_with_output());
+    });
+    let out = match rx.recv_timeout(CHILD_TIMEOUT) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // Our own child, by its pid; the waiting thread then reaps it.
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("{name}: the child ran longer than {CHILD_TIMEOUT:?}");
+        }
+    };
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{name}:\n{text}");
+    (out.status.success(), text)
+}
+
+/// A CA installed for the platform (here through `SSL_CERT_FILE`, as OpenSSL reads it) is
+/// trusted without `tls_ca_pem`: a standalone server and a Sentinel group (sentinels and the
+/// master they name) whose certificates it signed, lock, hand-over and release. `tls_ca_pem`
+/// replaces the platform's roots: with another CA there, the same server is refused.
+#[test]
+fn tls_trusts_a_ca_installed_for_the_platform() {
+    if in_child() {
+        return;
+    }
+    let dir = TempDir::new("tls-platform");
+    let m = material(&dir);
+    let other_dir = TempDir::new("tls-platform-other");
+    let other = material(&other_dir);
+    let server = RedisTlsServer::start(&m, false).expect("TLS redis-server");
+    let group = RedisSentinelGroup::start_tls("locks", 1, &m).expect("TLS sentinel group");
+    let sentinels = group.sentinel_urls().join(",");
+    let (ok, out) = child(
+        "child_platform_roots",
+        &m.ca_cert_path(),
+        &[
+            (CHILD_URL, &server.url()),
+            (CHILD_SENTINELS, &sentinels),
+            (CHILD_OTHER_CA, &other.ca_cert_path().to_string_lossy()),
+        ],
+    );
+    assert!(ok, "the child failed:\n{out}");
+    for line in [
+        "child: standalone through the platform's roots",
+        "child: sentinel through the platform's roots",
+        "child: tls_ca_pem replaces the platform's roots",
+    ] {
+        assert!(out.contains(line), "missing {line:?}:\n{out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_platform_roots() {
+    if !in_child() {
+        return;
+    }
+    let var = |k| std::env::var(k).unwrap();
+    let (url, sentinels) = (var(CHILD_URL), var(CHILD_SENTINELS));
+    let sentinels: Vec<&str> = sentinels.split(',').collect();
+    let ca_file = var("SSL_CERT_FILE");
+    let ca = std::fs::read_to_string(&ca_file).unwrap();
+    // The direct connections that look at the queues trust the CA explicitly.
+    let m = TrustedCa(ca);
+
+    let a = Locker::connect(&url).await.expect("standalone: connect");
+    let b = Locker::builder().url(&url).build().await.unwrap();
+    let mut raw = m.raw(&url).await;
+    let case = "tls_platform_roots_standalone";
+    lock_wait_release(&a, &b, &mut raw, case).await;
+    println!("child: standalone through the platform's roots");
+
+    let build = || {
+        Locker::builder()
+            .sentinel(sentinels.clone(), "locks")
+            .build()
+    };
+    let (a, b) = (
+        build().await.expect("sentinel: connect"),
+        build().await.unwrap(),
+    );
+    let mut raw = m.raw_sentinel_master(sentinels[0]).await;
+    lock_wait_release(&a, &b, &mut raw, "tls_platform_roots_sentinel").await;
+    println!("child: sentinel through the platform's roots");
+
+    let other = std::fs::read(var(CHILD_OTHER_CA)).unwrap();
+    tls_error(
+        Locker::builder().url(&url).tls_ca_pem(other).build().await,
+        "tls_ca_pem_replaces_the_platform_roots",
+    );
+    println!("child: tls_ca_pem replaces the platform's roots");
+}
+
+/// The CA PEM, for direct connections that trust it explicitly.
+struct TrustedCa(String);
+
+impl TrustedCa {
+    async fn raw(&self, url: &str) -> Raw {
+        let certs = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(self.0.as_bytes().to_vec()),
+        };
+        let client = redis::Client::build_with_tls(url, certs).expect("TLS client");
+        Raw::Single(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("direct TLS connection"),
+        )
+    }
+
+    /// A direct connection to the master `sentinel` names for `locks`.
+    async fn raw_sentinel_master(&self, sentinel: &str) -> Raw {
+        let Raw::Single(mut conn) = self.raw(sentinel).await else {
+            unreachable!()
+        };
+        let (_host, port): (String, String) = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg("locks")
+            .query_async(&mut conn)
+            .await
+            .expect("the sentinel names the master");
+        self.raw(&format!("rediss://127.0.0.1:{port}/")).await
+    }
 }
