@@ -85,6 +85,9 @@ impl Locker {
         &self,
         acquisition: impl Future<Output = Result<LockGuard, LockError>>,
     ) -> Result<LockGuard, LockError> {
+        // Keeps `shutdown` waiting until this call has ended and handed its clean-up (if
+        // any) to the tracker: dropped last, after the acquisition's compensation.
+        let _in_flight = self.inner.cleanups.token();
         let res = tokio::select! {
             biased;
             () = self.inner.closing.cancelled() => Err(LockError::ShutDown),
