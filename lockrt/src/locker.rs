@@ -263,12 +263,15 @@ impl Locker {
     /// Shuts the locker down: it takes no new locks (`acquire` and waiting calls end with
     /// [`LockError::ShutDown`]), the watchdog stops, and every lock held through it (and its
     /// clones) is released now, so another instance takes over within a hand-off, not a ttl.
-    /// Sections holding a lock see it lost (`run` returns `Lost`); guards released later
-    /// report success without another round trip. Acquisitions that gave up (a `wait` that
-    /// elapsed, a cancelled call) have their queue places, and any lock a release handed them
-    /// meanwhile, cleaned up before it returns. Bounded: what does not answer within the
-    /// connect and response timeouts is left to its lease. Call it before the process exits,
-    /// e.g. after axum's graceful shutdown.
+    /// A lock held for less than its `min_hold` is kept (owner-checked) until then, as any
+    /// release would. Sections holding a lock see it lost (`run` returns `Lost`); guards
+    /// released later report success without another round trip, or `Lost` when shutdown
+    /// found the lock no longer theirs. It returns once every release this locker started
+    /// (also the background releases of guards and sections dropped before) and the clean-up
+    /// of every acquisition it ended or that gave up (queue places, and any lock a release
+    /// handed them meanwhile) have finished. Bounded: what does not answer within the connect
+    /// and response timeouts is left to its lease, and logged as such. Call it before the
+    /// process exits, e.g. after axum's graceful shutdown.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
