@@ -198,13 +198,14 @@ fn in_child() -> bool {
     std::env::var_os(CHILD).is_some()
 }
 
-/// Runs the test `name` of this binary in a child process whose trust store is `ca_file`
-/// alone (`SSL_CERT_FILE`, no `SSL_CERT_DIR`), with `vars`; killed after [`CHILD_TIMEOUT`].
-fn child(name: &str, ca_file: &std::path::Path, vars: &[(&str, &str)]) -> (bool, String) {
+/// Runs the test `name` of this binary in a child process with `vars`, whose trust store is
+/// what they say (`SSL_CERT_FILE`, `SSL_CERT_DIR`, neither inherited); killed after
+/// [`CHILD_TIMEOUT`].
+fn child(name: &str, vars: &[(&str, &str)]) -> (bool, String) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
-        .env("SSL_CERT_FILE", ca_file)
+        .env_remove("SSL_CERT_FILE")
         .env_remove("SSL_CERT_DIR")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -253,8 +254,8 @@ fn tls_trusts_a_ca_installed_for_the_platform() {
     let sentinels = group.sentinel_urls().join(",");
     let (ok, out) = child(
         "child_platform_roots",
-        &m.ca_cert_path(),
         &[
+            ("SSL_CERT_FILE", &m.ca_cert_path().to_string_lossy()),
             (CHILD_URL, &server.url()),
             (CHILD_SENTINELS, &sentinels),
             (CHILD_OTHER_CA, &other.ca_cert_path().to_string_lossy()),
@@ -342,4 +343,60 @@ impl TrustedCa {
             .expect("the sentinel names the master");
         self.raw(&format!("rediss://127.0.0.1:{port}/")).await
     }
+}
+
+/// A platform trust store that cannot be read (here an `SSL_CERT_DIR` that does not exist)
+/// fails the build at once as a configuration error naming the variables, with or without
+/// `tls_ca_pem` (redis-rs reads the store on every connection even then), rather than as an
+/// unreachable server that is retried.
+#[test]
+fn tls_reports_a_broken_platform_trust_store() {
+    if in_child() {
+        return;
+    }
+    let dir = TempDir::new("broken-store");
+    let m = material(&dir);
+    let server = RedisTlsServer::start(&m, false).expect("TLS redis-server");
+    let missing = dir.0.join("no-such-dir");
+    let (ok, out) = child(
+        "child_broken_platform_roots",
+        &[
+            ("SSL_CERT_FILE", &m.ca_cert_path().to_string_lossy()),
+            ("SSL_CERT_DIR", &missing.to_string_lossy()),
+            (CHILD_URL, &server.url()),
+        ],
+    );
+    assert!(ok, "the child failed:\n{out}");
+    assert!(
+        out.contains("child: a broken trust store is a configuration error"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_broken_platform_roots() {
+    if !in_child() {
+        return;
+    }
+    let url = std::env::var(CHILD_URL).unwrap();
+    let ca = std::fs::read(std::env::var("SSL_CERT_FILE").unwrap()).unwrap();
+    for (case, res) in [
+        ("tls_broken_trust_store", Locker::connect(&url).await),
+        (
+            "tls_broken_trust_store_with_tls_ca_pem",
+            Locker::builder().url(&url).tls_ca_pem(ca).build().await,
+        ),
+    ] {
+        let err = res.err().unwrap_or_else(|| panic!("{case}: connected"));
+        let text = err.to_string();
+        figure(case, format!("build failed: {text} ({err:?})"));
+        assert!(
+            matches!(&err, LockError::Backend(b) if !b.is_transient()),
+            "{case}: retried as transient: {err:?}"
+        );
+        for part in ["trust store", "SSL_CERT_DIR", "no-such-dir"] {
+            assert!(text.contains(part), "{case}: {part:?} not named: {text}");
+        }
+    }
+    println!("child: a broken trust store is a configuration error");
 }

@@ -187,8 +187,26 @@ impl LockerBuilder {
         self
     }
 
-    /// Trust this CA (PEM) for `rediss://` servers instead of the system's roots (feature
-    /// `tls`).
+    /// Trust this CA (PEM, one or more certificates) for `rediss://` servers *instead of*
+    /// the platform's trust store (feature `tls`): only a server certificate it signed is
+    /// accepted, including on the masters a Sentinel names and on every Cluster node.
+    ///
+    /// Without it, servers are verified with the platform's trust store: on Linux the
+    /// OpenSSL locations (`/etc/ssl/certs`, ...), or the files that `SSL_CERT_FILE` and
+    /// `SSL_CERT_DIR` name when either is set; the keychain on macOS; the system store on
+    /// Windows. A private CA installed there (a corporate CA, a cloud provider's server CA)
+    /// needs no setting. To trust both, leave this unset and install the CA for the system, or
+    /// give a bundle of all the CAs here.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locker = lockrt::Locker::builder()
+    ///     .url("rediss://redis.internal:6380/")
+    ///     .tls_ca_pem(std::fs::read("private-ca.pem")?)
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locker; Ok(()) }
+    /// ```
     pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.ca = Some(pem.into());
         self

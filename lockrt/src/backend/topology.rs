@@ -14,9 +14,12 @@
 //!   latest switch is stale and gets replaced before its next command, because a demoted
 //!   master keeps accepting writes for seconds after the switch.
 //!
-//! TLS (feature `tls`) uses rustls with a crypto provider this crate installs, and accepts a
-//! private CA and a client certificate for every topology. With Sentinel, `rediss://` sentinel
-//! URLs make the master connections TLS too, with the same CA and client certificate.
+//! TLS (feature `tls`) uses rustls with a crypto provider this crate installs. Servers are
+//! verified with the platform's trust store (redis-rs reads it with rustls-native-certs on
+//! every new connection, honouring `SSL_CERT_FILE` and `SSL_CERT_DIR`), or with a private CA
+//! that replaces it; a client certificate is presented when given. Both for every topology.
+//! With Sentinel, `rediss://` sentinel URLs make the master connections TLS too, with the same
+//! CA and client certificate.
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisFuture, Value};
@@ -51,8 +54,8 @@ pub(crate) struct Auth {
     pub(crate) password: String,
 }
 
-/// TLS material in PEM: a private CA to trust instead of the system's roots, and a client
-/// certificate with its key for servers that require one.
+/// TLS material in PEM: a private CA to trust instead of the platform's trust store, and a
+/// client certificate with its key for servers that require one.
 #[derive(Clone, Default)]
 pub(crate) struct TlsFiles {
     pub(crate) ca: Option<Vec<u8>>,
@@ -336,21 +339,57 @@ fn feature_missing() -> redis::RedisError {
 
 /// A client for `url`, with the TLS material when there is any.
 fn client(url: &str, tls: &TlsFiles) -> redis::RedisResult<Client> {
-    if tls.is_empty() {
-        #[cfg(feature = "tls")]
-        install_crypto_provider();
-        return Client::open(url);
-    }
     #[cfg(feature = "tls")]
-    {
-        install_crypto_provider();
-        Client::build_with_tls(url, certificates(tls))
+    install_crypto_provider();
+    let client = if tls.is_empty() {
+        Client::open(url)?
+    } else {
+        #[cfg(feature = "tls")]
+        {
+            Client::build_with_tls(url, certificates(tls))?
+        }
+        #[cfg(not(feature = "tls"))]
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "TLS settings need lockrt's `tls` feature",
+        )));
+    };
+    #[cfg(feature = "tls")]
+    if matches!(
+        client.get_connection_info().addr(),
+        ConnectionAddr::TcpTls { .. }
+    ) {
+        check_platform_roots()?;
     }
-    #[cfg(not(feature = "tls"))]
-    Err(redis::RedisError::from((
-        redis::ErrorKind::InvalidClientConfig,
-        "TLS settings need lockrt's `tls` feature",
-    )))
+    Ok(client)
+}
+
+/// redis-rs reads the platform's trust store on every TLS connection and refuses to connect
+/// when any part of it fails to load (a missing `SSL_CERT_DIR`, an unreadable file), even
+/// with `tls_ca_pem`, with an I/O error that reads like an unreachable server and is retried
+/// as one. Reading it once here reports that at build, as the configuration error it is.
+#[cfg(feature = "tls")]
+fn check_platform_roots() -> redis::RedisResult<()> {
+    let loaded = rustls_native_certs::load_native_certs();
+    let mut roots = rustls::RootCertStore::empty();
+    let broken = match loaded.errors.first() {
+        Some(e) => Some(e.to_string()),
+        None => loaded
+            .certs
+            .into_iter()
+            .find_map(|cert| roots.add(cert).err().map(|e| e.to_string())),
+    };
+    match broken {
+        None => Ok(()),
+        Some(why) => Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "the platform's trust store could not be read",
+            format!(
+                "{why}; fix or unset SSL_CERT_FILE and SSL_CERT_DIR, or repair the system's \
+                 certificate files"
+            ),
+        ))),
+    }
 }
 
 #[cfg(feature = "tls")]
