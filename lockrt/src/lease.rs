@@ -8,6 +8,9 @@
 //! ([`LeaseInfo::is_lost`]) and never reports "held" past it, even when this task has not run
 //! (a blocked thread). A renewal is due a third of the way into the current lease; leases due
 //! within a sixth of theirs are renewed in the same batch (one script call for many locks). A
+//! renewal still unanswered after half of what is left of its lease goes out again at once on a
+//! fresh connection (hedged), so one reply lost on a live connection costs a round trip, not
+//! the lease, whatever the response timeout. A
 //! failed renewal is retried with exponential backoff inside the deadline and never moves it;
 //! a "not yours" answer, a passed deadline or a passed `max_hold` marks the lease lost.
 //!
@@ -444,9 +447,29 @@ async fn renew(
         })
         .collect();
     let sent = Instant::now();
-    let res = backend.renew(&renewals).await;
+    let hedge_at = hedge_time(sent, batch.iter().map(|l| l.deadline()));
+    let res = backend.renew_hedged(&renewals, hedge_at).await;
     let _ = done.send((ids, sent, res));
 }
+
+/// When a renewal sent at `sent` and still unanswered is sent again on a fresh connection:
+/// after half of what is left of the earliest of the batch's leases (`deadlines`), so one
+/// reply lost on a live connection costs a reconnect and a round trip, never the lease, and
+/// the response timeout (which may be as long as the lease) does not come into it.
+fn hedge_time(sent: Instant, deadlines: impl Iterator<Item = Instant>) -> Instant {
+    let left = deadlines
+        .map(|d| d.saturating_duration_since(sent))
+        .min()
+        .unwrap_or_default();
+    sent + (left / HEDGE_SHARE).max(HEDGE_MIN)
+}
+
+/// The share of the lease left after which an unanswered renewal is hedged (a half: the
+/// hedge has the other half for a new connection and its round trip).
+const HEDGE_SHARE: u32 = 2;
+
+/// A renewal is never hedged sooner than this: a round trip that slow is no lost reply.
+const HEDGE_MIN: Duration = Duration::from_millis(5);
 
 /// The shortest idle scan interval, so a locker that once held a very short lease does not
 /// keep waking often while idle.
@@ -585,6 +608,15 @@ mod tests {
         let mut ids: Vec<u64> = out.iter().flatten().map(|l| l.id).collect();
         ids.sort_unstable();
         assert_eq!(ids, (0..1_203).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_renewal_is_hedged_after_half_of_the_earliest_lease_left() {
+        let sent = Instant::now();
+        let at = |ms| sent + Duration::from_millis(ms);
+        assert_eq!(hedge_time(sent, [at(900), at(600)].into_iter()), at(300));
+        assert_eq!(hedge_time(sent, [at(2)].into_iter()), sent + HEDGE_MIN);
+        assert_eq!(hedge_time(sent, std::iter::empty()), sent + HEDGE_MIN);
     }
 
     #[test]

@@ -155,6 +155,19 @@ impl Backend {
         }
     }
 
+    /// [`renew`](Backend::renew), sent again at once on a fresh connection when it is still
+    /// unanswered at `hedge_at` (Redis; see `RedisBackend::renew_hedged`).
+    pub(crate) async fn renew_hedged(
+        &self,
+        batch: &[Renewal<'_>],
+        hedge_at: tokio::time::Instant,
+    ) -> Vec<Renewed> {
+        match self {
+            Backend::Redis(b) => b.renew_hedged(batch, hedge_at).await,
+            Backend::Memory(b) => b.renew(batch).into_iter().map(Ok).collect(),
+        }
+    }
+
     /// Releases the lock if `token` owns it (handing it to a queued waiter, if any), and
     /// takes `token` out of the waiter queue either way.
     pub(crate) async fn release(

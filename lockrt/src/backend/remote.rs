@@ -446,8 +446,20 @@ impl RedisBackend {
         wait: bool,
         call: Call<K, A>,
     ) -> Result<Reply, BackendError> {
+        let on = self.conn().await?;
+        self.invoke_on(on, script, wait, call).await
+    }
+
+    /// [`invoke`](Self::invoke) on connection `on` (with its generation), so that a hedged
+    /// call knows which connection its first try went out on.
+    async fn invoke_on<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
+        &self,
+        (mut conn, generation): (Conn, u64),
+        script: &Lua,
+        wait: bool,
+        call: Call<K, A>,
+    ) -> Result<Reply, BackendError> {
         let rid = NEXT_RID.fetch_add(1, Ordering::Relaxed);
-        let (mut conn, generation) = self.conn().await?;
         let sync = self.sync.filter(|_| wait);
         let cmd = script_cmd("EVALSHA", &script.hash, rid, &call);
         let mut res = self.send(&mut conn, sync, cmd).await;
@@ -600,10 +612,60 @@ impl RedisBackend {
     ///
     /// [`renewal_group`]: RedisBackend::renewal_group
     pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Vec<Renewed> {
-        per_lease(self.renew_one_call(batch).await, batch.len())
+        per_lease(self.renew_one_call(batch, None).await, batch.len())
     }
 
-    async fn renew_one_call(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {
+    /// [`renew`](Self::renew), hedged against a lost reply: still unanswered at `hedge_at`,
+    /// the connection it went out on is discarded (a reply dropped on a live connection
+    /// shifts every later one onto the wrong request) and the same call goes out at once on a
+    /// fresh connection. The first answer wins; an error waits for the other call. Both may
+    /// run: a renewal is an owner-checked `PEXPIRE`, and each reply is paired by its own
+    /// request id on its own connection. A cluster connection is rebuilt in the background
+    /// instead (building one waits for every node) and the first call keeps its timeout.
+    pub(crate) async fn renew_hedged(
+        &self,
+        batch: &[Renewal<'_>],
+        hedge_at: tokio::time::Instant,
+    ) -> Vec<Renewed> {
+        let on = match self.conn().await {
+            Ok(on) => on,
+            Err(e) => return per_lease(Err(e), batch.len()),
+        };
+        let generation = on.1;
+        let first = self.renew_one_call(batch, Some(on));
+        tokio::pin!(first);
+        let res = match tokio::time::timeout_at(hedge_at, &mut first).await {
+            Ok(res) => res,
+            Err(_) if self.connector.is_cluster() => {
+                self.link.rebuild_in_background();
+                first.await
+            }
+            Err(_) => {
+                tracing::debug!(addr = %self.addr, "renewal unanswered; hedging on a fresh connection");
+                self.link.discard(generation);
+                let second = self.renew_one_call(batch, None);
+                tokio::pin!(second);
+                tokio::select! {
+                    res = &mut first => match res {
+                        Ok(v) => Ok(v),
+                        Err(_) => second.await,
+                    },
+                    res = &mut second => match res {
+                        Ok(v) => Ok(v),
+                        Err(_) => first.await,
+                    },
+                }
+            }
+        };
+        per_lease(res, batch.len())
+    }
+
+    /// One renewal call, on connection `on` when given.
+    async fn renew_one_call(
+        &self,
+        batch: &[Renewal<'_>],
+        on: Option<(Conn, u64)>,
+    ) -> Result<Vec<bool>, BackendError> {
         let call = Call {
             nkeys: 2 * batch.len(),
             keys: |c: &mut Cmd| {
@@ -623,7 +685,11 @@ impl RedisBackend {
                 }
             },
         };
-        let out = ints(&self.invoke(&RENEW, true, call).await?.acknowledged()?);
+        let reply = match on {
+            Some(on) => self.invoke_on(on, &RENEW, true, call).await?,
+            None => self.invoke(&RENEW, true, call).await?,
+        };
+        let out = ints(&reply.acknowledged()?);
         if out.len() != batch.len() {
             return Err(BackendError::new(
                 self.addr.clone(),
