@@ -243,11 +243,10 @@ async fn shutdown_waits_for_releases_of_dropped_sections() {
     let locker = fx.locker().await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (started, running) = tokio::sync::oneshot::channel::<()>();
-    let job = locker.run("nightly", opts().ttl(ms(10_000)), async move {
+    let mut job = Box::pin(locker.run("nightly", opts().ttl(ms(10_000)), async move {
         let _ = started.send(());
         std::future::pending::<()>().await
-    });
-    tokio::pin!(job);
+    }));
     tokio::select! {
         _ = &mut job => unreachable!("the job never ends by itself"),
         _ = async {
@@ -256,6 +255,7 @@ async fn shutdown_waits_for_releases_of_dropped_sections() {
             stopped.await.ok();
         } => {}
     }
+    // Cancelled: the section's guard releases in the background from here.
     drop(job);
     locker.shutdown().await;
     assert!(
