@@ -341,6 +341,16 @@ impl RedisBackend {
 
     /// The connection in use, opening one when there is none or the master switched since.
     async fn conn(&self) -> Result<(Conn, u64), BackendError> {
+        // Sentinel: a master no Sentinel named within the last second (a deaf watcher may
+        // have missed a switch) is confirmed first; when none answers, nothing is sent.
+        if !self.connector.master_confirmed() {
+            Box::pin(self.connector.confirm_master())
+                .await
+                .map_err(|m| {
+                    BackendError::new(self.addr.clone(), self.scrub(&m))
+                        .with_hint("check that the Sentinels are running and reachable")
+                })?;
+        }
         if let Some(c) = self.link.current() {
             return Ok(c);
         }

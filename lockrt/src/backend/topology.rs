@@ -12,7 +12,13 @@
 //!   which resolves the master again. A task (`SwitchWatch`) listens for the Sentinels'
 //!   `+switch-master` of the service and counts switches: a connection opened before the
 //!   latest switch is stale and gets replaced before its next command, because a demoted
-//!   master keeps accepting writes for seconds after the switch.
+//!   master keeps accepting writes for seconds after the switch (for ever, when it is cut
+//!   off from the Sentinels). The task asks its Sentinel for the master right after each
+//!   subscription (a switch announced while nobody listened is not missed) and `PING`s it
+//!   every 500 ms, moving to the next Sentinel when no answer comes (a half-open connection
+//!   hears nothing). Before a request goes out, a view of the master that no Sentinel
+//!   confirmed within the last second is confirmed by asking them; when none answers, the
+//!   request fails instead of granting a lock on a master that may have been replaced.
 //!
 //! TLS (feature `tls`) uses rustls with a crypto provider this crate installs. Servers are
 //! verified with the platform's trust store (redis-rs reads it with rustls-native-certs on
@@ -164,7 +170,7 @@ impl Connector {
         tls: &TlsFiles,
         timeouts: super::remote::Timeouts,
     ) -> redis::RedisResult<Connector> {
-        #[cfg(not(feature = "cluster"))]
+        #[cfg(not(any(feature = "cluster", feature = "sentinel")))]
         let _ = timeouts;
         match topology {
             Topology::Url(url) => Ok(Connector::Single(client(&url, tls)?)),
@@ -176,7 +182,7 @@ impl Connector {
                 sentinels,
                 service,
                 master_auth,
-            } => sentinel(&sentinels, service, master_auth, tls),
+            } => sentinel(&sentinels, service, master_auth, tls, timeouts),
             #[allow(unreachable_patterns)]
             _ => Err(feature_missing()),
         }
@@ -217,17 +223,46 @@ impl Connector {
         }
     }
 
+    /// The master the Sentinels name now, reported to the watch before anyone connects.
     #[cfg(feature = "sentinel")]
     async fn master(&self) -> redis::RedisResult<Client> {
-        let Connector::Sentinel { sentinel, .. } = self else {
+        let Connector::Sentinel {
+            sentinel, switches, ..
+        } = self
+        else {
             unreachable!("only called on a sentinel connector")
         };
-        sentinel.lock().await.async_get_client().await
+        let asked = tokio::time::Instant::now();
+        let master = sentinel.lock().await.async_get_client().await?;
+        switches.resolved(master.get_connection_info().addr(), asked);
+        Ok(master)
+    }
+
+    /// Whether requests may go out without asking the Sentinels first: always, but under
+    /// Sentinel only while a Sentinel named the current master within the last second (the
+    /// watcher's `PING`s keep that true while it hears its Sentinel).
+    pub(crate) fn master_confirmed(&self) -> bool {
+        #[cfg(feature = "sentinel")]
+        if let Connector::Sentinel { switches, .. } = self {
+            return switches.is_confirmed();
+        }
+        true
+    }
+
+    /// Asks the Sentinels who the master is (Sentinel only): a master other than the
+    /// connections reach makes them stale ([`epoch`](Self::epoch) moves). Fails, with the
+    /// reason, when no Sentinel answers: then no master is confirmed.
+    pub(crate) async fn confirm_master(&self) -> Result<(), String> {
+        #[cfg(feature = "sentinel")]
+        if let Connector::Sentinel { switches, .. } = self {
+            return switches.confirm().await;
+        }
+        Ok(())
     }
 
     /// Master switches seen so far (always 0 without Sentinel): a connection opened before
-    /// the count last moved talks to a demoted master. Restarts the watching task when its
-    /// runtime ended.
+    /// the count last moved may talk to a demoted master. Restarts the watching task when
+    /// its runtime ended.
     pub(crate) fn epoch(&self) -> u64 {
         #[cfg(feature = "sentinel")]
         if let Connector::Sentinel { switches, .. } = self {
@@ -464,6 +499,7 @@ fn sentinel(
     service: String,
     master_auth: Option<Auth>,
     tls: &TlsFiles,
+    timeouts: super::remote::Timeouts,
 ) -> redis::RedisResult<Connector> {
     use redis::IntoConnectionInfo;
     use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
@@ -524,60 +560,223 @@ fn sentinel(
         .collect::<redis::RedisResult<Vec<Client>>>()?;
     Ok(Connector::Sentinel {
         sentinel: tokio::sync::Mutex::new(builder.build()?),
-        switches: SwitchWatch::new(watchers, service.clone()),
+        switches: SwitchWatch::new(watchers, service.clone(), timeouts),
         service,
         first,
         master_password: master_auth.map(|a| a.password),
     })
 }
 
-/// Following `+switch-master`: the counter, and the task that keeps it.
+/// Following the Sentinels' view of the master: the switch counter, the task that keeps it,
+/// and the confirmation asked before a request when the view is old.
+///
+/// Invariant: every connection to a master was opened under the current epoch only if the
+/// master it reached is `View::master` (every resolution is reported through
+/// [`SwitchWatch::resolved`], after the caller read the epoch); any other master the Sentinels
+/// name starts a new epoch, which makes those connections stale.
 #[cfg(feature = "sentinel")]
 mod switch {
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex, MutexGuard};
     use std::time::Duration;
 
-    use futures_util::StreamExt;
-    use redis::Client;
+    use futures_util::stream::FuturesUnordered;
+    use futures_util::{FutureExt, StreamExt};
+    use redis::aio::{PubSubSink, PubSubStream};
+    use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisError, RedisResult};
     use tokio::sync::watch;
+    use tokio::time::Instant;
     use tokio_util::sync::CancellationToken;
 
-    /// Longest time to connect to a Sentinel and subscribe.
-    const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+    use crate::backend::remote::Timeouts;
+
+    /// A subscribed watcher asks its Sentinel `PING` this often: an answer proves that every
+    /// `+switch-master` sent before it has arrived, no answer (a half-open connection) moves
+    /// the watcher to the next Sentinel.
+    const KEEPALIVE: Duration = Duration::from_millis(500);
+    /// A view of the master older than this is confirmed with a Sentinel before the next
+    /// request: twice the keepalive, so a watcher that hears its Sentinel keeps
+    /// it fresh and only a deaf one costs a question.
+    const CONFIRMED_FOR: Duration = Duration::from_secs(1);
     /// Pause before trying the next Sentinel.
     const RETRY_DELAY: Duration = Duration::from_millis(200);
 
-    /// Counts the master switches of one service that the Sentinels announce. The task that
-    /// listens runs on the runtime of the first caller (and again on a later caller's when
-    /// that runtime ended); it stops when this is dropped.
-    pub(crate) struct SwitchWatch {
+    /// A master's address as the Sentinels name it.
+    type Addr = (String, u16);
+
+    /// The master the current epoch's connections reach, and since when a Sentinel is known
+    /// to have named it (the send time of the question or `PING` whose answer said so).
+    #[derive(Default)]
+    struct View {
+        master: Option<Addr>,
+        confirmed: Option<Instant>,
+    }
+
+    /// What the watching task and the lockers share.
+    struct Shared {
         sentinels: Vec<Client>,
         service: String,
+        timeouts: Timeouts,
         epoch: watch::Sender<u64>,
+        view: Mutex<View>,
+    }
+
+    impl Shared {
+        fn view(&self) -> MutexGuard<'_, View> {
+            // Only plain assignments under the lock: a panic can't leave it torn.
+            self.view.lock().unwrap_or_else(|p| p.into_inner())
+        }
+
+        /// A Sentinel named `master` in answer to a question sent at `at`. Another master than
+        /// the current connections reach starts a new epoch.
+        fn observe(&self, master: Addr, at: Instant) {
+            let mut view = self.view();
+            match &view.master {
+                Some(m) if *m != master => {
+                    tracing::info!(service = %self.service, "the Sentinels name another master; reconnecting");
+                    self.epoch.send_modify(|e| *e += 1);
+                    view.confirmed = Some(at);
+                }
+                _ => view.confirmed = Some(view.confirmed.map_or(at, |c| c.max(at))),
+            }
+            view.master = Some(master);
+        }
+
+        /// The Sentinel the watcher listens to answered a `PING` sent at `at`, after every
+        /// message before it was applied: the view holds as of `at`.
+        fn heard(&self, at: Instant) {
+            let mut view = self.view();
+            if view.master.is_some() {
+                view.confirmed = Some(view.confirmed.map_or(at, |c| c.max(at)));
+            }
+        }
+
+        fn is_confirmed(&self) -> bool {
+            self.view()
+                .confirmed
+                .is_some_and(|c| c.elapsed() < CONFIRMED_FOR)
+        }
+
+        /// `SENTINEL GET-MASTER-ADDR-BY-NAME` on `sentinel`, over a connection of its own
+        /// (a subscribed one takes no other command), bounded by the timeouts.
+        async fn ask(&self, sentinel: &Client) -> RedisResult<Addr> {
+            let cfg = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.timeouts.connect))
+                .set_response_timeout(Some(self.timeouts.response));
+            let ask = async {
+                let mut conn = sentinel
+                    .get_multiplexed_async_connection_with_config(&cfg)
+                    .await?;
+                let addr: Option<Addr> = redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&self.service)
+                    .query_async(&mut conn)
+                    .await?;
+                addr.ok_or_else(|| {
+                    RedisError::from((
+                        redis::ErrorKind::MasterNameNotFoundBySentinel,
+                        "the Sentinel does not know the service",
+                    ))
+                })
+            };
+            tokio::time::timeout(self.limit(), ask)
+                .await
+                .unwrap_or_else(|_| Err(timed_out()))
+        }
+
+        /// Longest time for one connect and one answer.
+        fn limit(&self) -> Duration {
+            self.timeouts.connect.saturating_add(self.timeouts.response)
+        }
+    }
+
+    fn timed_out() -> RedisError {
+        RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+    }
+
+    /// Counts the master switches of one service that the Sentinels announce or name. The
+    /// task that listens runs on the runtime of the first caller (and again on a later
+    /// caller's when that runtime ended); it stops when this is dropped.
+    pub(crate) struct SwitchWatch {
+        shared: Arc<Shared>,
         running: Arc<AtomicBool>,
         stop: CancellationToken,
+        /// One confirmation at a time; the others wait for its answer.
+        confirming: tokio::sync::Mutex<()>,
     }
 
     impl SwitchWatch {
-        pub(crate) fn new(sentinels: Vec<Client>, service: String) -> SwitchWatch {
+        pub(crate) fn new(sentinels: Vec<Client>, service: String, timeouts: Timeouts) -> Self {
             SwitchWatch {
-                sentinels,
-                service,
-                epoch: watch::Sender::new(0),
+                shared: Arc::new(Shared {
+                    sentinels,
+                    service,
+                    timeouts,
+                    epoch: watch::Sender::new(0),
+                    view: Mutex::new(View::default()),
+                }),
                 running: Arc::new(AtomicBool::new(false)),
                 stop: CancellationToken::new(),
+                confirming: tokio::sync::Mutex::new(()),
             }
         }
 
         pub(crate) fn epoch(&self) -> u64 {
             self.ensure_running();
-            *self.epoch.borrow()
+            *self.shared.epoch.borrow()
         }
 
         pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
             self.ensure_running();
-            self.epoch.subscribe()
+            self.shared.epoch.subscribe()
+        }
+
+        /// The Sentinels named `addr` (a connection is about to be opened there) when asked
+        /// at `at`.
+        pub(crate) fn resolved(&self, addr: &ConnectionAddr, at: Instant) {
+            let addr = match addr {
+                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                    (host.clone(), *port)
+                }
+                _ => return,
+            };
+            self.shared.observe(addr, at);
+        }
+
+        /// Whether a Sentinel named the current master less than a second ago.
+        pub(crate) fn is_confirmed(&self) -> bool {
+            self.ensure_running();
+            self.shared.is_confirmed()
+        }
+
+        /// Asks every Sentinel at once who the master is and takes the first answer (a new
+        /// epoch when it names another master). Fails when none answers within the timeouts.
+        pub(crate) async fn confirm(&self) -> Result<(), String> {
+            let _one = self.confirming.lock().await;
+            if self.is_confirmed() {
+                return Ok(());
+            }
+            let sent = Instant::now();
+            let shared = &self.shared;
+            let mut asks: FuturesUnordered<_> =
+                shared.sentinels.iter().map(|s| shared.ask(s)).collect();
+            let mut last = None;
+            while let Some(answer) = asks.next().await {
+                match answer {
+                    Ok(master) => {
+                        shared.observe(master, sent);
+                        return Ok(());
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            let why = last.map_or_else(String::new, |e| format!(" (last error: {e})"));
+            Err(format!(
+                "no Sentinel named the master of service {:?} within {:?}, and none has been \
+                 heard for {CONFIRMED_FOR:?}: the master may have been replaced{why}",
+                shared.service,
+                shared.limit()
+            ))
         }
 
         fn ensure_running(&self) {
@@ -589,9 +788,7 @@ mod switch {
                 return;
             };
             let task = Follow {
-                sentinels: self.sentinels.clone(),
-                service: self.service.clone(),
-                epoch: self.epoch.clone(),
+                shared: self.shared.clone(),
                 stop: self.stop.clone(),
                 _running: Running(self.running.clone()),
             };
@@ -615,35 +812,30 @@ mod switch {
     }
 
     struct Follow {
-        sentinels: Vec<Client>,
-        service: String,
-        epoch: watch::Sender<u64>,
+        shared: Arc<Shared>,
         stop: CancellationToken,
         _running: Running,
     }
 
     impl Follow {
-        /// Listens on one Sentinel at a time, moving to the next when it fails. Every
-        /// subscription but the first counts as a switch: one may have been announced while
-        /// nobody listened.
+        /// Listens on one Sentinel at a time, moving to the next when it fails or stops
+        /// answering `PING`.
         async fn run(self) {
+            let n = self.shared.sentinels.len();
             for round in 0usize.. {
-                let sentinel = &self.sentinels[round % self.sentinels.len()];
-                let subscribed = tokio::time::timeout(SUBSCRIBE_TIMEOUT, async {
-                    let mut ps = sentinel.get_async_pubsub().await?;
-                    ps.subscribe("+switch-master").await?;
-                    Ok::<_, redis::RedisError>(ps)
-                });
+                let sentinel = &self.shared.sentinels[round % n];
                 let subscribed = tokio::select! {
                     () = self.stop.cancelled() => return,
-                    s = subscribed => s,
+                    s = self.subscribe(sentinel) => s,
                 };
-                if let Ok(Ok(ps)) = subscribed {
-                    if round > 0 {
-                        self.bump();
+                match subscribed {
+                    Ok((sink, stream)) => {
+                        if self.listen(sink, stream).await.is_break() {
+                            return;
+                        }
                     }
-                    if self.listen(ps.into_on_message()).await.is_break() {
-                        return;
+                    Err(e) => {
+                        tracing::debug!(service = %self.shared.service, error = %e, "cannot follow a Sentinel; trying the next");
                     }
                 }
                 tokio::select! {
@@ -653,31 +845,96 @@ mod switch {
             }
         }
 
-        /// Counts this service's switches until the connection ends (`Continue`) or the
-        /// watch is dropped (`Break`).
+        /// Subscribes `+switch-master` on `sentinel`, then asks it for the master: a switch
+        /// it announced before the subscription (while nobody listened) shows in the answer.
+        async fn subscribe(&self, sentinel: &Client) -> RedisResult<(PubSubSink, PubSubStream)> {
+            let subscribe = async {
+                let (mut sink, stream) = sentinel.get_async_pubsub().await?.split();
+                sink.subscribe("+switch-master").await?;
+                Ok::<_, RedisError>((sink, stream))
+            };
+            let (sink, stream) = tokio::time::timeout(self.shared.limit(), subscribe)
+                .await
+                .unwrap_or_else(|_| Err(timed_out()))?;
+            let sent = Instant::now();
+            let master = self.shared.ask(sentinel).await?;
+            self.shared.observe(master, sent);
+            Ok((sink, stream))
+        }
+
+        /// Applies this service's switches until the connection ends or stops answering
+        /// `PING` (`Continue`) or the watch is dropped (`Break`).
         async fn listen(
             &self,
-            mut messages: redis::aio::PubSubStream,
+            mut sink: PubSubSink,
+            mut messages: PubSubStream,
         ) -> std::ops::ControlFlow<()> {
+            use std::ops::ControlFlow::{Break, Continue};
+            let mut ping_at = Instant::now() + KEEPALIVE;
             loop {
                 let msg = tokio::select! {
-                    () = self.stop.cancelled() => return std::ops::ControlFlow::Break(()),
+                    () = self.stop.cancelled() => return Break(()),
                     m = messages.next() => m,
+                    () = tokio::time::sleep_until(ping_at) => {
+                        if !self.ping(&mut sink, &mut messages).await {
+                            tracing::warn!(service = %self.shared.service, "a Sentinel connection is not answering PING; trying the next Sentinel");
+                            return Continue(());
+                        }
+                        ping_at = Instant::now() + KEEPALIVE;
+                        continue;
+                    }
                 };
                 let Some(msg) = msg else {
-                    return std::ops::ControlFlow::Continue(());
+                    return Continue(());
                 };
-                // "<service> <old ip> <old port> <new ip> <new port>"
-                let payload = msg.get_payload_bytes();
-                if payload.split(|&b| b == b' ').next() == Some(self.service.as_bytes()) {
-                    tracing::info!(service = %self.service, "the Sentinels switched the master; reconnecting");
-                    self.bump();
-                }
+                self.on_message(&msg);
             }
         }
 
-        fn bump(&self) {
-            self.epoch.send_modify(|e| *e += 1);
+        /// `PING`; on the answer, applies the messages that came before it and counts the
+        /// view as confirmed when the `PING` was sent. `false`: no answer in time.
+        async fn ping(&self, sink: &mut PubSubSink, messages: &mut PubSubStream) -> bool {
+            let sent = Instant::now();
+            let pong =
+                tokio::time::timeout(self.shared.timeouts.response, sink.ping::<redis::Value>());
+            match pong.await {
+                Ok(Ok(_)) => {}
+                // An error reply (an ACL without `+ping`) is an answer too.
+                Ok(Err(e)) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {}
+                _ => return false,
+            }
+            while let Some(next) = messages.next().now_or_never() {
+                match next {
+                    Some(msg) => self.on_message(&msg),
+                    None => return false,
+                }
+            }
+            self.shared.heard(sent);
+            true
+        }
+
+        /// `"<service> <old ip> <old port> <new ip> <new port>"`: this service's new master.
+        fn on_message(&self, msg: &redis::Msg) {
+            let payload = String::from_utf8_lossy(msg.get_payload_bytes());
+            let fields: Vec<&str> = payload.split(' ').collect();
+            if fields.first() != Some(&self.shared.service.as_str()) {
+                return;
+            }
+            let new = fields
+                .get(3)
+                .zip(fields.get(4).and_then(|p| p.parse::<u16>().ok()));
+            match new {
+                Some((host, port)) => {
+                    tracing::info!(service = %self.shared.service, "the Sentinels switched the master");
+                    self.shared
+                        .observe(((*host).to_owned(), port), Instant::now());
+                }
+                // Unreadable: count it as a switch, so every connection resolves anew.
+                None => {
+                    self.shared.epoch.send_modify(|e| *e += 1);
+                    self.shared.view().confirmed = None;
+                }
+            }
         }
     }
 }

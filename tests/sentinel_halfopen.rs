@@ -1,0 +1,247 @@
+//! Split brain through a Sentinel connection that goes silent: a locker that no longer hears the
+//! Sentinels must not keep granting locks on a master they have replaced. A fault proxy sits
+//! between the locker and the only sentinel; the test itself talks to the sentinel directly
+//! (failover, `+switch-master`) and to the data servers.
+
+mod topology_support;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lockrt::testing::{FaultProxy, RedisSentinelGroup};
+use lockrt::{LockError, LockOptions, Locker};
+use tokio::time::Instant;
+use topology_support::{Raw, figure, ms, ms_f, within};
+
+const SERVICE: &str = "locks";
+
+/// How long a locker may go on using its master without hearing a Sentinel: the bound the
+/// README states (a watcher PING every 500 ms, unconfirmed after 1 s), plus slack for a loaded
+/// machine.
+const DEAF_BOUND: Duration = Duration::from_millis(1_500);
+
+fn url(port: u16) -> String {
+    format!("redis://127.0.0.1:{port}/")
+}
+
+/// A group whose only sentinel the locker reaches through a fault proxy.
+fn group_behind_proxy() -> (RedisSentinelGroup, FaultProxy) {
+    let g = RedisSentinelGroup::start(SERVICE, 1).expect("start master, replica and sentinel");
+    let sentinel = SocketAddr::from((Ipv4Addr::LOCALHOST, g.sentinel_ports()[0]));
+    let proxy = FaultProxy::start(sentinel).expect("proxy in front of the sentinel");
+    (g, proxy)
+}
+
+/// Whether the server on `port` holds the lock `key`.
+async fn holds(port: u16, key: &str) -> bool {
+    Raw::single(&url(port))
+        .await
+        .lease_left(key)
+        .await
+        .is_some()
+}
+
+/// `ROLE` of the server on `port`: `master` or `slave`.
+async fn role(port: u16) -> String {
+    let mut raw = Raw::single(&url(port)).await;
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut raw).await.unwrap();
+    match &role[0] {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A subscription of the test's own to the sentinel's `+switch-master`, directly.
+async fn switch_messages(g: &RedisSentinelGroup) -> redis::aio::PubSub {
+    let client = redis::Client::open(url(g.sentinel_ports()[0])).unwrap();
+    let mut ps = client.get_async_pubsub().await.unwrap();
+    ps.subscribe("+switch-master").await.unwrap();
+    ps
+}
+
+/// Runs `SENTINEL FAILOVER` and waits (bounded) until the sentinel announced the switch.
+/// Returns the new master's port.
+async fn fail_over(g: &RedisSentinelGroup) -> u16 {
+    let mut announced = switch_messages(g).await;
+    let old = g.master_port().unwrap();
+    tokio::task::block_in_place(|| g.failover()).expect("SENTINEL FAILOVER");
+    let msg = tokio::time::timeout(ms(10_000), announced.on_message().next())
+        .await
+        .expect("+switch-master announced within 10 s")
+        .expect("subscription open");
+    let payload: String = msg.get_payload().unwrap();
+    assert!(payload.starts_with(SERVICE), "{payload}");
+    let new = g.master_port().unwrap();
+    assert_ne!(new, old);
+    new
+}
+
+/// What the stale locker got for a lock a healthy locker holds on the new master.
+enum Outcome {
+    /// Granted, and held on the demoted master: split brain.
+    Granted { on_old: bool },
+    /// Refused as held: it reached the new master.
+    Busy,
+    /// An error (it could not confirm the master).
+    Failed(LockError),
+}
+
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Granted { on_old: true } => f.write_str("granted, on the demoted master"),
+            Outcome::Granted { on_old: false } => f.write_str("granted"),
+            Outcome::Busy => f.write_str("refused as held (it reached the new master)"),
+            Outcome::Failed(e) => write!(f, "failed: {e}"),
+        }
+    }
+}
+
+async fn try_split(stale: &Locker, old: u16) -> Outcome {
+    match stale.try_acquire("split", LockOptions::new()).await {
+        Ok(Some(g)) => {
+            let on_old = holds(old, "split").await;
+            drop(g);
+            Outcome::Granted { on_old }
+        }
+        Ok(None) => Outcome::Busy,
+        Err(e) => Outcome::Failed(e),
+    }
+}
+
+/// The issue's case: the connection the locker's `+switch-master` watcher listens on goes
+/// half-open (TCP up, nothing arrives either way), then `SENTINEL FAILOVER`. A healthy locker
+/// takes `split` on the new master; the stale locker, asked once its deafness bound passed,
+/// must not be granted `split` on the demoted master (which still takes writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_sentinel_connection_grants_no_split_brain() {
+    let (g, proxy) = group_behind_proxy();
+    let old = g.master_port().unwrap();
+    let stale = Locker::builder()
+        .sentinel([proxy.url()], SERVICE)
+        .build()
+        .await
+        .expect("locker through the proxy");
+    // The stale locker is on the master and its watcher has subscribed (a subscription the
+    // sentinel counts).
+    let probe = stale.acquire("probe", LockOptions::new()).await.unwrap();
+    assert!(holds(old, "probe").await);
+    probe.release().await.unwrap();
+    let mut sentinel = Raw::single(&url(g.sentinel_ports()[0])).await;
+    let subscribed = within(ms(5_000), async || {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut sentinel)
+            .await
+            .unwrap();
+        clients.lines().any(|l| l.contains("sub=1"))
+    })
+    .await;
+    assert!(subscribed.is_some(), "the watcher never subscribed");
+
+    let stalled = proxy.stall_existing();
+    let stall = Instant::now();
+    let before = proxy.counters();
+    let new = fail_over(&g).await;
+    let announced = stall.elapsed();
+    let healthy = Locker::builder()
+        .sentinel(g.sentinel_urls(), SERVICE)
+        .build()
+        .await
+        .unwrap();
+    let on_new = healthy
+        .acquire("split", LockOptions::new().ttl(ms(20_000)))
+        .await
+        .unwrap();
+    assert!(
+        holds(new, "split").await,
+        "the healthy locker is not on the new master"
+    );
+    // The promise is a bound on deafness: ask once it has passed since the stall.
+    tokio::time::sleep_until(stall + DEAF_BOUND).await;
+    let asked = stall.elapsed();
+    let outcome = try_split(&stale, old).await;
+    let old_role = role(old).await;
+    let after = proxy.counters();
+    figure(
+        "half_open_sentinel_connection_grants_no_split_brain",
+        format!(
+            "{stalled} proxy connections half-open; +switch-master announced {} after the stall; \
+             stale locker asked {} after the stall: {outcome:?}; the demoted master was still a \
+             {old_role}; new connections through the proxy since the stall: {}",
+            ms_f(announced),
+            ms_f(asked),
+            after.accepted - before.accepted
+        ),
+    );
+    assert_eq!(old_role, "master", "the window closed: nothing was shown");
+    assert!(
+        !matches!(outcome, Outcome::Granted { .. }),
+        "split brain: the stale locker was granted `split` ({outcome:?}) while a healthy locker \
+         holds it on the new master"
+    );
+    on_new.release().await.unwrap();
+}
+
+/// No sentinel reachable at all (a partition: connections open, nothing arrives, new ones too)
+/// and the master switched: the locker cannot confirm its master, so it grants nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_sentinels_locker_grants_nothing_unconfirmed() {
+    let (g, proxy) = group_behind_proxy();
+    let old = g.master_port().unwrap();
+    let stale = Locker::builder()
+        .sentinel([proxy.url()], SERVICE)
+        .connect_timeout(ms(300))
+        .response_timeout(ms(300))
+        .build()
+        .await
+        .expect("locker through the proxy");
+    stale
+        .acquire("probe", LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.blackhole();
+    let cut = Instant::now();
+    let new = fail_over(&g).await;
+    let healthy = Locker::builder()
+        .sentinel(g.sentinel_urls(), SERVICE)
+        .build()
+        .await
+        .unwrap();
+    let on_new = healthy
+        .acquire("split", LockOptions::new().ttl(ms(20_000)))
+        .await
+        .unwrap();
+    assert!(holds(new, "split").await);
+    tokio::time::sleep_until(cut + DEAF_BOUND).await;
+    let asked = Instant::now();
+    let outcome = try_split(&stale, old).await;
+    let took = asked.elapsed();
+    let old_role = role(old).await;
+    let text = match &outcome {
+        Outcome::Failed(e) => e.to_string(),
+        _ => String::new(),
+    };
+    figure(
+        "unreachable_sentinels_locker_grants_nothing_unconfirmed",
+        format!(
+            "sentinel partitioned; stale locker asked {} after the cut: {outcome:?} after {}; the \
+             demoted master was still a {old_role}",
+            ms_f(cut.elapsed() - took),
+            ms_f(took)
+        ),
+    );
+    assert_eq!(old_role, "master", "the window closed: nothing was shown");
+    assert!(
+        !matches!(outcome, Outcome::Granted { .. }),
+        "split brain: granted `split` without hearing any sentinel ({outcome:?})"
+    );
+    if let Outcome::Failed(LockError::Backend(b)) = &outcome {
+        assert!(b.is_transient(), "{text}");
+    }
+    on_new.release().await.unwrap();
+}
