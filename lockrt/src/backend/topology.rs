@@ -610,6 +610,9 @@ mod switch {
     struct View {
         master: Option<Addr>,
         confirmed: Option<Instant>,
+        /// When the last confirmation failed, and why: the requests that waited for it fail
+        /// with it rather than each asking again (and waiting as long) in turn.
+        failed: Option<(Instant, String)>,
     }
 
     /// What the watching task and the lockers share.
@@ -752,9 +755,15 @@ mod switch {
         /// Asks every Sentinel at once who the master is and takes the first answer (a new
         /// epoch when it names another master). Fails when none answers within the timeouts.
         pub(crate) async fn confirm(&self) -> Result<(), String> {
+            let waited = Instant::now();
             let _one = self.confirming.lock().await;
             if self.is_confirmed() {
                 return Ok(());
+            }
+            if let Some((at, why)) = &self.shared.view().failed
+                && *at >= waited
+            {
+                return Err(why.clone());
             }
             let sent = Instant::now();
             let shared = &self.shared;
@@ -771,12 +780,14 @@ mod switch {
                 }
             }
             let why = last.map_or_else(String::new, |e| format!(" (last error: {e})"));
-            Err(format!(
+            let why = format!(
                 "no Sentinel named the master of service {:?} within {:?}, and none has been \
                  heard for {CONFIRMED_FOR:?}: the master may have been replaced{why}",
                 shared.service,
                 shared.limit()
-            ))
+            );
+            shared.view().failed = Some((Instant::now(), why.clone()));
+            Err(why)
         }
 
         fn ensure_running(&self) {
