@@ -67,6 +67,8 @@ pub struct ProxyCounters {
     pub discarded: u64,
     /// Connections whose bytes were not RESP and are forwarded unmeasured from then on.
     pub unparsed: u64,
+    /// Subscription requests held by [`FaultProxy::hold_subscriptions`] (counted when held).
+    pub subscriptions_held: u64,
 }
 
 /// The faults in force. Connection tasks read it per frame.
@@ -86,6 +88,8 @@ struct Faults {
 struct Conn {
     reset: CancellationToken,
     stalled: AtomicBool,
+    /// The client sent `SUBSCRIBE`, `PSUBSCRIBE` or `SSUBSCRIBE` on it: a pub/sub connection.
+    subscriber: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -97,6 +101,8 @@ struct Shared {
     /// Wakes synchronous and asynchronous waiters of `wait_until*` on every change.
     changed: Condvar,
     changed_async: Notify,
+    /// [`FaultProxy::hold_subscriptions`] is on.
+    hold: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -128,11 +134,13 @@ impl Shared {
 /// | [`pass`](Self::pass) | a transparent proxy (the initial state) | lifts every global fault below; stalled connections stay stalled |
 /// | [`blackhole`](Self::blackhole) | connections open, nothing arrives either way (a partition) | existing and new connections, until `pass` |
 /// | [`stall_existing`](Self::stall_existing) | open connections go silent for good (half-open); new ones work | connections open at the call |
+/// | [`stall_subscribers`](Self::stall_subscribers) / [`stall_commands`](Self::stall_commands) | the same, only for pub/sub connections (ones that sent a `SUBSCRIBE`) / only for the others | connections open at the call |
 /// | [`reset_all`](Self::reset_all) | `ECONNRESET` (RST, `SO_LINGER` 0) | connections open at the call |
 /// | [`reset_on_next`](Self::reset_on_next) | the next request is never forwarded, or the next reply never delivered, and that connection is reset | the next frame in that direction, any connection |
 /// | [`delay`](Self::delay) | every frame arrives `d` later (order kept) | frames read from now on, existing and new connections |
 /// | [`drop_replies`](Self::drop_replies) | the next `n` replies vanish; the connection stays up, so later replies pair with the wrong requests | the next `n` replies, any connection |
 /// | [`refuse_new`](Self::refuse_new) | new connections are reset right after the accept | new connections, until turned off or `pass` |
+/// | [`hold_subscriptions`](Self::hold_subscriptions) | a `SUBSCRIBE` (and what follows it on its connection) arrives only when the hold ends (a subscription that lands late) | every connection, until turned off or `pass` |
 ///
 /// Frames that arrive during a blackhole or on a stalled connection are discarded, as a
 /// partition that outlasts TCP's retransmissions would lose them. Pub/sub messages are
@@ -192,6 +200,7 @@ impl FaultProxy {
             counters: Mutex::default(),
             changed: Condvar::new(),
             changed_async: Notify::new(),
+            hold: tokio::sync::watch::Sender::new(false),
         });
         let shutdown = CancellationToken::new();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<SocketAddr>>();
@@ -244,6 +253,7 @@ impl FaultProxy {
     /// (a half-open connection does not heal); [`reset_all`](Self::reset_all) ends them.
     pub fn pass(&self) {
         *self.shared.faults() = Faults::default();
+        self.shared.hold.send_replace(false);
     }
 
     /// Partition: connections are accepted and kept open, but nothing is forwarded in either
@@ -262,6 +272,44 @@ impl FaultProxy {
             c.stalled.store(true, Ordering::SeqCst);
         }
         conns.len()
+    }
+
+    /// Like [`stall_existing`](Self::stall_existing), for pub/sub connections only: those on
+    /// which the client has sent `SUBSCRIBE`, `PSUBSCRIBE` or `SSUBSCRIBE`. Command connections
+    /// keep working. Returns how many connections were stalled.
+    ///
+    /// ```no_run
+    /// # fn demo(proxy: &lockrt::testing::FaultProxy) {
+    /// // A locker's release messages stop arriving; its commands still get their replies.
+    /// let stalled = proxy.stall_subscribers();
+    /// # let _ = stalled; }
+    /// ```
+    pub fn stall_subscribers(&self) -> usize {
+        self.stall_where(|c| c.subscriber.load(Ordering::SeqCst))
+    }
+
+    /// Like [`stall_existing`](Self::stall_existing), for the connections that are not pub/sub
+    /// connections (see [`stall_subscribers`](Self::stall_subscribers)). Returns how many
+    /// connections were stalled.
+    ///
+    /// ```no_run
+    /// # fn demo(proxy: &lockrt::testing::FaultProxy) {
+    /// // A locker's commands go unanswered; its subscriber still hears release messages.
+    /// let stalled = proxy.stall_commands();
+    /// # let _ = stalled; }
+    /// ```
+    pub fn stall_commands(&self) -> usize {
+        self.stall_where(|c| !c.subscriber.load(Ordering::SeqCst))
+    }
+
+    fn stall_where(&self, pick: impl Fn(&Conn) -> bool) -> usize {
+        let conns = self.shared.conns();
+        let mut n = 0;
+        for c in conns.values().filter(|c| pick(c)) {
+            c.stalled.store(true, Ordering::SeqCst);
+            n += 1;
+        }
+        n
     }
 
     /// Resets (RST, `SO_LINGER` 0) both sides of every connection open now. New connections
@@ -308,6 +356,29 @@ impl FaultProxy {
     /// sees its connect or first request fail); open connections are not affected.
     pub fn refuse_new(&self, refuse: bool) {
         self.shared.faults().refuse = refuse;
+    }
+
+    /// While `hold` is true, a subscription request (`SUBSCRIBE`, `PSUBSCRIBE`, `SSUBSCRIBE`)
+    /// waits in the proxy, and so does everything its client sends after it on that
+    /// connection; nothing is discarded, and setting `hold` back to false forwards it all in
+    /// order. Other connections and the other direction are not affected. For races where a
+    /// subscription lands late: whatever is published meanwhile is missed by that subscriber.
+    ///
+    /// ```no_run
+    /// # async fn demo(proxy: &lockrt::testing::FaultProxy) {
+    /// use std::time::Duration;
+    /// proxy.hold_subscriptions(true);
+    /// // ... a client subscribes through the proxy; its request waits here:
+    /// proxy
+    ///     .wait_until(Duration::from_secs(2), |c| c.subscriptions_held >= 1)
+    ///     .await
+    ///     .expect("a subscription is held");
+    /// // ... publish what the subscriber must miss, then let the subscription land:
+    /// proxy.hold_subscriptions(false);
+    /// # }
+    /// ```
+    pub fn hold_subscriptions(&self, hold: bool) {
+        self.shared.hold.send_replace(hold);
     }
 
     /// The counters now.
@@ -562,6 +633,12 @@ async fn read_side(
             frames.push(splitter.take_buffered());
         }
         for frame in frames.drain(..) {
+            if dir == Direction::ToServer && !raw {
+                hold_if_subscription(&frame, shared).await;
+            }
+            if dir == Direction::ToServer && !raw && is_subscribe(&frame) {
+                conn.subscriber.store(true, Ordering::SeqCst);
+            }
             match judge(dir, shared, conn) {
                 Verdict::Forward(due) => {
                     if out.send((due, frame)).is_err() {
@@ -577,6 +654,29 @@ async fn read_side(
             }
         }
     }
+}
+
+/// Whether a request frame (`*N\r\n$L\r\n<command>\r\n...`) is a subscription command.
+fn is_subscribe(frame: &[u8]) -> bool {
+    let mut lines = frame.splitn(4, |&b| b == b'\n');
+    let (Some(_), Some(_), Some(name)) = (lines.next(), lines.next(), lines.next()) else {
+        return false;
+    };
+    let name = name.strip_suffix(b"\r").unwrap_or(name);
+    [b"SUBSCRIBE".as_slice(), b"PSUBSCRIBE", b"SSUBSCRIBE"]
+        .iter()
+        .any(|c| name.eq_ignore_ascii_case(c))
+}
+
+/// Waits while [`FaultProxy::hold_subscriptions`] is on, when `frame` is a subscription.
+async fn hold_if_subscription(frame: &[u8], shared: &Shared) {
+    if !*shared.hold.borrow() || !is_subscribe(frame) {
+        return;
+    }
+    shared.count(|c| c.subscriptions_held += 1);
+    let mut hold = shared.hold.subscribe();
+    // Ends with the proxy too: its runtime drops this task.
+    let _ = hold.wait_for(|on| !*on).await;
 }
 
 /// Writes queued frames to one side when they are due, unless by then the connection is
