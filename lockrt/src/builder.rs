@@ -94,7 +94,9 @@ impl LockerBuilder {
     /// `redis+unix:///path/to/socket`; or a topology: `redis+cluster://host:port,host:port/`
     /// (feature `cluster`, same as [`cluster`](Self::cluster)) and
     /// `redis+sentinel://host:port,host:port/service` (feature `sentinel`, same as
-    /// [`sentinel`](Self::sentinel)). Credentials in a topology URL apply to every node.
+    /// [`sentinel`](Self::sentinel)). Credentials in a topology URL apply to every node, and
+    /// so do its query and fragment (`?protocol=resp3`, `#insecure`); a Sentinel URL's service
+    /// name is its path alone. No output shows a password, whichever part of the URL holds it.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.topology = Some(parse_url(url.into()));
         self
@@ -406,32 +408,42 @@ impl LockerBuilder {
 /// `redis+cluster://a:1,b:2/` and `redis+sentinel://a:1,b:2/service` become topologies;
 /// anything else is a standalone URL for redis-rs.
 fn parse_url(url: String) -> Topology {
-    let split = |rest: &str, scheme: &str| -> (Vec<String>, String) {
-        let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (auth, hosts) = match hosts.rsplit_once('@') {
+    // `[user-info@]host,host[/service][?query][#fragment]`. The user-info ends at the last
+    // `@`, so a password with an unencoded `/` stays whole; the query and fragment go to
+    // every node's URL, as in a standalone URL, and never into the service name (which every
+    // `Debug` output and error shows). An `@` after a `?` or `#` leaves no safe reading (a
+    // password holding `?`, or a query holding `@`): such a URL stays one that redis-rs
+    // refuses, shown without anything after its scheme.
+    let split = |rest: &str, scheme: &str| -> Option<(Vec<String>, String)> {
+        let (head, tail) = rest.split_at(rest.find(['?', '#']).unwrap_or(rest.len()));
+        if tail.contains('@') {
+            return None;
+        }
+        let (auth, hosts) = match head.rsplit_once('@') {
             Some((auth, hosts)) => (format!("{auth}@"), hosts),
-            None => (String::new(), hosts),
+            None => (String::new(), head),
         };
+        let (hosts, path) = hosts.split_once('/').unwrap_or((hosts, ""));
         let urls = hosts
             .split(',')
-            .map(|h| format!("{scheme}://{auth}{h}/"))
+            .map(|h| format!("{scheme}://{auth}{h}/{tail}"))
             .collect();
-        (urls, path.to_owned())
+        Some((urls, path.to_owned()))
     };
     for (prefix, scheme) in [
         ("redis+cluster://", "redis"),
         ("rediss+cluster://", "rediss"),
     ] {
-        if let Some(rest) = url.strip_prefix(prefix) {
-            return Topology::Cluster(split(rest, scheme).0);
+        if let Some((seeds, _)) = url.strip_prefix(prefix).and_then(|r| split(r, scheme)) {
+            return Topology::Cluster(seeds);
         }
     }
     for (prefix, scheme) in [
         ("redis+sentinel://", "redis"),
         ("rediss+sentinel://", "rediss"),
     ] {
-        if let Some(rest) = url.strip_prefix(prefix) {
-            let (sentinels, service) = split(rest, scheme);
+        if let Some((sentinels, service)) = url.strip_prefix(prefix).and_then(|r| split(r, scheme))
+        {
             return Topology::Sentinel {
                 sentinels,
                 service,
