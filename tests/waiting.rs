@@ -54,6 +54,8 @@ async fn wait_zero_makes_exactly_one_attempt() {
     let waiter = fx.locker().await;
     let _g = holder.acquire("one", opts()).await.unwrap();
     let mut conn = fx.conn().await;
+    // The holder's own subscription (forced unlocks) is not the waiter's.
+    support::until_listening_for_revocations(&mut conn, 1).await;
     let () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async(&mut conn)
@@ -159,6 +161,7 @@ async fn waiter_survives_a_dropped_subscriber_connection() {
             .map(|g| g.fence())
     });
     support::until_subscribed(&mut conn, "resub", 1).await;
+    support::until_listening_for_revocations(&mut conn, 1).await;
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")
@@ -166,7 +169,10 @@ async fn waiter_survives_a_dropped_subscriber_connection() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(killed, 1);
+    assert_eq!(
+        killed, 2,
+        "the waiter's subscriber and the holder's (forced unlocks)"
+    );
     // Resubscribed on a new connection.
     support::until_subscribed(&mut conn, "resub", 1).await;
     let released = Instant::now();
@@ -204,6 +210,9 @@ async fn waiter_survives_a_half_open_subscriber_connection() {
         .acquire("half", opts().ttl(ms(20_000)))
         .await
         .unwrap();
+    // The holder's subscriber (forced unlocks) is not the one under test.
+    support::until_listening_for_revocations(&mut conn, 1).await;
+    let holders = subscribers(&mut conn).await;
     let w = tokio::spawn(async move {
         waiter
             .acquire("half", opts().wait(ms(10_000)))
@@ -219,7 +228,11 @@ async fn waiter_survives_a_half_open_subscriber_connection() {
         "the waiter never attempted after subscribing",
     )
     .await;
-    let before = subscribers(&mut conn).await;
+    let waiters = async |conn: &mut redis::aio::MultiplexedConnection| -> Vec<u64> {
+        let all = subscribers(conn).await;
+        all.into_iter().filter(|id| !holders.contains(id)).collect()
+    };
+    let before = waiters(&mut conn).await;
     assert_eq!(before.len(), 1);
     let stalled = Instant::now();
     assert!(
@@ -231,7 +244,7 @@ async fn waiter_survives_a_half_open_subscriber_connection() {
     // Expected after about 1.5 s (keepalive 1 s, PING timeout 0.5 s); a loaded machine may
     // take longer, so the bound is generous.
     loop {
-        let now = subscribers(&mut conn).await;
+        let now = waiters(&mut conn).await;
         if !now.is_empty() && !now.contains(&before[0]) {
             break;
         }

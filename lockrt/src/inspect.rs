@@ -236,16 +236,21 @@ impl Locker {
 
     /// Removes lock `key` whoever holds it, for operators (a crashed holder's lock, a stuck
     /// job). It runs the holder's own release: the owner record goes, the longest live waiter
-    /// (of any process) gets the lock at once and is told, and the holder's next renewal
-    /// (within a third of its ttl) finds the lock gone and reports it lost. Returns whether a
-    /// lock was held. The holder may still be inside its critical section until it notices:
-    /// use fencing tokens where that matters.
+    /// (of any process) gets the lock at once and is told. The holder is revoked at once: the
+    /// same script publishes its token on the revoke channel `{<prefix>}:revoke`, which every
+    /// locker listens to while it holds a lock, so the holder's lease is declared lost within
+    /// milliseconds and its section (`on_lost = "cancel"`) cancelled. If that message is lost
+    /// (the holder's subscriber was reconnecting), its next renewal, within a third of its ttl,
+    /// finds the lock gone. Returns whether a lock was held. Between the hand-over and the
+    /// holder hearing of it lie those milliseconds (or that renewal interval): use fencing
+    /// tokens where even that overlap matters.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
     /// let locker = lockrt::Locker::in_memory();
-    /// let _g = locker.acquire("job", lockrt::LockOptions::new()).await?;
+    /// let held = locker.acquire("job", lockrt::LockOptions::new()).await?;
     /// assert!(locker.force_unlock("job").await?);
+    /// assert!(held.is_lost(), "the holder is told at once");
     /// assert!(locker.lock_info("job").await?.is_none());
     /// # Ok(()) }
     /// ```

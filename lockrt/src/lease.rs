@@ -14,6 +14,11 @@
 //! failed renewal is retried with exponential backoff inside the deadline and never moves it;
 //! a "not yours" answer, a passed deadline or a passed `max_hold` marks the lease lost.
 //!
+//! A forced unlock revokes a lease at once: while it watches a lease, the monitor has its
+//! locker listen on the revoke channel (`backend::pubsub`), and a token revoked there (or by an
+//! in-memory forced unlock) is declared lost on the spot. The renewal finds it when the message
+//! is lost.
+//!
 //! The task never blocks a guard: guards add and remove leases in a shared table under a short
 //! mutex. It is woken only when a new lease is due before its next scan; an idle task scans
 //! every shortest renewal interval it has seen. When its runtime ends, every lease it watched
@@ -27,6 +32,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::pubsub::{Held, Holders, Subscriber};
 use crate::backend::{Backend, Renewal, Renewed, Token};
 use crate::key::LockKey;
 
@@ -170,16 +176,19 @@ struct State {
     in_flight: bool,
     /// Renewals failed in a row, for the retry backoff.
     failures: u32,
+    /// The locker listens for this lease's revocation while it is watched.
+    _revocable: Option<Held>,
 }
 
 impl State {
-    fn new(info: Arc<LeaseInfo>, sent: Instant, lease: Duration) -> State {
+    fn new(info: Arc<LeaseInfo>, sent: Instant, lease: Duration, revocable: Option<Held>) -> State {
         let mut st = State {
             info,
             next_renew: sent,
             window: Duration::ZERO,
             in_flight: false,
             failures: 0,
+            _revocable: revocable,
         };
         st.runs(sent, lease);
         st
@@ -234,6 +243,26 @@ impl State {
 struct Shared {
     table: Mutex<Table>,
     wake: Notify,
+    /// Where revocations are heard (Redis).
+    subscriber: Option<Subscriber>,
+}
+
+impl Holders for Shared {
+    fn revoke(&self, token: &str) {
+        let mut t = self.table();
+        let revoked: Vec<u64> = (t.leases.iter())
+            .filter(|(_, st)| st.info.token.as_str() == token)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in revoked {
+            if let Some(st) = t.leases.remove(&id) {
+                declare_lost(
+                    &st.info,
+                    "force-unlocked (Locker::force_unlock, lockctl unlock --force)",
+                );
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -271,7 +300,17 @@ impl Monitor {
         let shared = Arc::new(Shared {
             table: Mutex::default(),
             wake: Notify::new(),
+            subscriber: backend.subscriber(),
         });
+        let holders: Arc<dyn Holders> = shared.clone();
+        match &*backend {
+            Backend::Redis(_) => {
+                if let Some(sub) = &shared.subscriber {
+                    sub.attach_holders(Arc::downgrade(&holders));
+                }
+            }
+            Backend::Memory(m) => m.attach_holders(Arc::downgrade(&holders)),
+        }
         rt.spawn(run(backend, Closer(shared.clone())));
         Monitor { shared }
     }
@@ -281,6 +320,7 @@ impl Monitor {
         let shared = Arc::new(Shared {
             table: Mutex::default(),
             wake: Notify::new(),
+            subscriber: None,
         });
         shared.table().closed = true;
         Monitor { shared }
@@ -294,7 +334,8 @@ impl Monitor {
     /// Starts watching a lease taken by a request sent at `sent` for `lease`. `false` when the
     /// task is gone: nobody can renew, so the caller must not pretend to hold.
     pub(crate) fn add(&self, info: Arc<LeaseInfo>, sent: Instant, lease: Duration) -> bool {
-        let st = State::new(info, sent, lease);
+        let revocable = self.shared.subscriber.as_ref().map(|s| s.hold(&info.key));
+        let st = State::new(info, sent, lease, revocable);
         let due = st.due();
         // Never scan idle more often than MIN_IDLE_STEP: shorter leases just wake the task.
         let step = due.saturating_duration_since(sent).max(MIN_IDLE_STEP);

@@ -160,6 +160,16 @@ pub async fn until_subscribed(conn: &mut redis::aio::MultiplexedConnection, key:
     .await;
 }
 
+/// Waits (bounded) until `n` lockers holding locks under the default prefix listen for forced
+/// unlocks on its revoke channel (they subscribe in the background after their first lock).
+pub async fn until_listening_for_revocations(conn: &mut redis::aio::MultiplexedConnection, n: u64) {
+    settle(
+        async || numsub(conn, "{lock:}:revoke").await >= n,
+        "the holders never listened for forced unlocks",
+    )
+    .await;
+}
+
 /// `PUBSUB NUMSUB` of one channel: how many connections are subscribed to it.
 pub async fn numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> u64 {
     let v: Vec<(String, u64)> = redis::cmd("PUBSUB")

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::pubsub::Events;
+use super::pubsub::{Events, Holders};
 use super::{Attempt, Renewal, Token};
 use crate::key::LockKey;
 
@@ -38,6 +38,9 @@ struct Space {
     /// The waiting side of every locker on this lock space, told of each release (what
     /// Redis pub/sub does across processes).
     peers: Mutex<Vec<Weak<dyn Events>>>,
+    /// The lease monitors of every locker on this lock space, told of a forced unlock (what
+    /// the revoke channel does across processes).
+    holders: Mutex<Vec<Weak<dyn Holders>>>,
 }
 
 #[derive(Default)]
@@ -187,17 +190,35 @@ impl MemoryBackend {
         out
     }
 
-    /// Removes the lock whoever holds it; its holder's next renewal reports it lost.
+    /// Removes the lock whoever holds it; its holder's lease monitor declares it lost at once.
     pub(crate) fn force_release(&self, key: &LockKey) -> bool {
         let now = Instant::now();
-        let freed = {
+        let revoked = {
             let mut st = self.state();
-            st.locks.remove(key.lock()).is_some_and(|h| h.expires > now)
+            st.locks
+                .remove(key.lock())
+                .filter(|h| h.expires > now)
+                .map(|h| h.token)
         };
-        if freed {
-            self.announce(&key.tag);
+        let Some(token) = revoked else {
+            return false;
+        };
+        let holders: Vec<_> = (self.space.holders.lock().unwrap_or_else(|p| p.into_inner()))
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for h in holders {
+            h.revoke(token.as_str());
         }
-        freed
+        self.announce(&key.tag);
+        true
+    }
+
+    /// Adds a lease monitor to the forced-unlock announcements.
+    pub(crate) fn attach_holders(&self, holders: Weak<dyn Holders>) {
+        let mut all = self.space.holders.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|h| h.strong_count() > 0);
+        all.push(holders);
     }
 
     /// Remaining lease of a lock, for tests and introspection.

@@ -10,6 +10,14 @@
 //! decides anything about locks. The task restarts on the runtime of the next subscriber when
 //! its own runtime is gone, and ends when the `Locker` is dropped. Its errors are diagnosed
 //! like the command connection's (a channel the ACL denies names the rules).
+//!
+//! While its locker holds any lock, the task also listens on the revoke channel
+//! `{<prefix>}:revoke` ([`revoke_channel`]; no lock's own channel can have that name, a key is
+//! never empty): a forced unlock publishes there the token it took the lock from, and the task
+//! hands it to the lease monitors ([`Holders`]), which declare that lease lost at once. One
+//! subscription per locker, made in the background when it takes its first lock and kept
+//! `LINGER` after its last; a message missed (not yet subscribed, a lost connection, an ACL
+//! without the channel) leaves the loss to the holder's next renewal.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -23,7 +31,7 @@ use tokio::time::Instant;
 use super::diagnose::diagnose;
 use super::topology::Connector;
 use crate::error::BackendError;
-use crate::key::{channel_of, tag_of_channel};
+use crate::key::{LockKey, channel_of, tag_of_channel};
 
 /// How long a channel stays subscribed after its last listener left: a wait that starts
 /// within it needs no `SUBSCRIBE` round trip.
@@ -47,10 +55,102 @@ pub(crate) trait Events: Send + Sync {
     fn wanted(&self) -> Vec<Arc<str>>;
 }
 
-/// (Un)subscribe the release channel of the lock with this tag.
+/// What the lease monitors do with a revoke message.
+pub(crate) trait Holders: Send + Sync {
+    /// The lock held with owner token `token` was force-unlocked: its lease is lost now.
+    fn revoke(&self, token: &str);
+}
+
+/// The revoke channel of the locks under `key`'s prefix: `{<prefix>}:revoke`. A lock's own
+/// names all have the escaped, never empty, user key inside the braces.
+pub(crate) fn revoke_channel(key: &LockKey) -> String {
+    format!("{{{}}}:revoke", prefix_of(key))
+}
+
+/// The prefix of `key`'s lock name: the name without the escaped user key.
+fn prefix_of(key: &LockKey) -> &str {
+    // `%`, `{` and `}` are escaped to three bytes each (see `key.rs`).
+    let escaped = key.user.len() + 2 * key.user.matches(['%', '{', '}']).count();
+    let lock = key.lock();
+    &lock[..lock.len().saturating_sub(escaped)]
+}
+
+/// A prefix's revoke channel and how many leases are held under it.
+type HeldUnder = (Arc<str>, usize);
+
+/// Who holds locks and who is told of revocations, shared by the handle and the task.
+#[derive(Default)]
+struct Revocations {
+    /// Leases held per prefix, with that prefix's revoke channel.
+    held: Mutex<HashMap<Arc<str>, HeldUnder>>,
+    holders: Mutex<Vec<Weak<dyn Holders>>>,
+}
+
+impl Revocations {
+    /// The revoke channels some lease is held under.
+    fn wanted(&self) -> Vec<Arc<str>> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.values()
+            .filter(|(_, n)| *n > 0)
+            .map(|(c, _)| c.clone())
+            .collect()
+    }
+
+    fn is_wanted(&self, channel: &str) -> bool {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.values().any(|(c, n)| *n > 0 && &**c == channel)
+    }
+
+    fn revoke(&self, token: &str) {
+        let holders: Vec<Arc<dyn Holders>> = {
+            let mut h = self.holders.lock().unwrap_or_else(|p| p.into_inner());
+            h.retain(|w| w.strong_count() > 0);
+            h.iter().filter_map(Weak::upgrade).collect()
+        };
+        for h in holders {
+            h.revoke(token);
+        }
+    }
+}
+
+/// One held lease's interest in its revoke channel; dropping it ends the interest.
+pub(crate) struct Held {
+    sub: Subscriber,
+    prefix: Arc<str>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let last = {
+            let mut held = self
+                .sub
+                .inner
+                .revocations
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match held.get_mut(&*self.prefix) {
+                Some((channel, n)) => {
+                    *n -= 1;
+                    (*n == 0).then(|| channel.clone())
+                }
+                None => None,
+            }
+        };
+        if let Some(channel) = last {
+            self.sub.send(SubCmd::Unhold(channel));
+        }
+    }
+}
+
+/// (Un)subscribe the release channel of the lock with this tag, or a revoke channel.
 enum SubCmd {
     Subscribe(Arc<str>, oneshot::Sender<Result<(), BackendError>>),
     Unsubscribe(Arc<str>),
+    /// A lease is held under this revoke channel (the first one).
+    Hold(Arc<str>),
+    /// No lease is held under this revoke channel any more.
+    Unhold(Arc<str>),
 }
 
 /// How the task reaches Redis.
@@ -72,6 +172,7 @@ struct Inner {
     remote: Arc<Remote>,
     events: OnceLock<Weak<dyn Events>>,
     tx: Mutex<Option<mpsc::UnboundedSender<SubCmd>>>,
+    revocations: Arc<Revocations>,
 }
 
 impl Subscriber {
@@ -91,6 +192,7 @@ impl Subscriber {
                 }),
                 events: OnceLock::new(),
                 tx: Mutex::new(None),
+                revocations: Arc::default(),
             }),
         }
     }
@@ -120,6 +222,54 @@ impl Subscriber {
         ))
     }
 
+    /// Tells `holders` of every token revoked on a channel this subscriber listens to.
+    pub(crate) fn attach_holders(&self, holders: Weak<dyn Holders>) {
+        let mut h = self
+            .inner
+            .revocations
+            .holders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        h.retain(|w| w.strong_count() > 0);
+        h.push(holders);
+    }
+
+    /// Listens on the revoke channel of `key`'s prefix while the returned [`Held`] lives
+    /// (subscribing in the background when it is the first). Nothing waits for the
+    /// subscription: until it is in place, a revocation is found by the renewal.
+    pub(crate) fn hold(&self, key: &LockKey) -> Held {
+        let prefix = prefix_of(key);
+        let (prefix, first) = {
+            let mut held = self
+                .inner
+                .revocations
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match held.get_key_value(prefix).map(|(p, _)| p.clone()) {
+                Some(p) => {
+                    let (channel, n) = held.get_mut(&*p).expect("found above");
+                    *n += 1;
+                    let first = (*n == 1).then(|| channel.clone());
+                    (p, first)
+                }
+                None => {
+                    let p: Arc<str> = prefix.into();
+                    let channel: Arc<str> = revoke_channel(key).into();
+                    held.insert(p.clone(), (channel.clone(), 1));
+                    (p, Some(channel))
+                }
+            }
+        };
+        if let Some(channel) = first {
+            self.send(SubCmd::Hold(channel));
+        }
+        Held {
+            sub: self.clone(),
+            prefix,
+        }
+    }
+
     /// The last listener of the lock's channel left.
     pub(crate) fn unsubscribe(&self, tag: &Arc<str>) {
         self.send(SubCmd::Unsubscribe(tag.clone()));
@@ -145,7 +295,12 @@ impl Subscriber {
         };
         let (new_tx, rx) = mpsc::unbounded_channel();
         let _ = new_tx.send(cmd);
-        rt.spawn(Task::new(self.inner.remote.clone(), events).run(rx));
+        let task = Task::new(
+            self.inner.remote.clone(),
+            events,
+            self.inner.revocations.clone(),
+        );
+        rt.spawn(task.run(rx));
         *tx = Some(new_tx);
         true
     }
@@ -182,10 +337,17 @@ struct Task {
     switches: Option<watch::Receiver<u64>>,
     /// When the connection last proved alive (connected, a message, a `PING` answered).
     heard: Instant,
+    revocations: Arc<Revocations>,
+    /// Revoke channels subscribed on this connection, and when those no lease is held under
+    /// any more are unsubscribed.
+    revoke_subscribed: HashSet<Arc<str>>,
+    revoke_lingering: HashMap<Arc<str>, Instant>,
+    /// Revoke channels the server refused on this connection (an ACL): not asked again on it.
+    revoke_refused: HashSet<Arc<str>>,
 }
 
 impl Task {
-    fn new(remote: Arc<Remote>, events: Weak<dyn Events>) -> Task {
+    fn new(remote: Arc<Remote>, events: Weak<dyn Events>, revocations: Arc<Revocations>) -> Task {
         let switches = remote.connector.switches();
         Task {
             remote,
@@ -197,6 +359,10 @@ impl Task {
             round: 0,
             switches,
             heard: Instant::now(),
+            revocations,
+            revoke_subscribed: HashSet::new(),
+            revoke_lingering: HashMap::new(),
+            revoke_refused: HashSet::new(),
         }
     }
 
@@ -214,6 +380,16 @@ impl Task {
                 Event::Cmd(Some(SubCmd::Unsubscribe(tag))) => {
                     if self.subscribed.contains(&tag) {
                         self.lingering.insert(tag, Instant::now() + LINGER);
+                    }
+                }
+                Event::Cmd(Some(SubCmd::Hold(channel))) => {
+                    self.revoke_lingering.remove(&channel);
+                    self.subscribe_revoke(&channel).await;
+                }
+                Event::Cmd(Some(SubCmd::Unhold(channel))) => {
+                    if self.revoke_subscribed.contains(&channel) {
+                        self.revoke_lingering
+                            .insert(channel, Instant::now() + LINGER);
                     }
                 }
                 Event::LingerEnded => self.on_linger_ended().await,
@@ -239,9 +415,12 @@ impl Task {
 
     async fn next(&mut self, rx: &mut mpsc::UnboundedReceiver<SubCmd>) -> Event {
         let reconnect_at = self.reconnect_at;
-        let linger_end = self.lingering.values().min().copied();
-        let ping_at =
-            (self.conn.is_some() && !self.subscribed.is_empty()).then(|| self.heard + KEEPALIVE);
+        let linger_end = (self.lingering.values())
+            .chain(self.revoke_lingering.values())
+            .min()
+            .copied();
+        let listening = !self.subscribed.is_empty() || !self.revoke_subscribed.is_empty();
+        let ping_at = (self.conn.is_some() && listening).then(|| self.heard + KEEPALIVE);
         let conn = &mut self.conn;
         let switches = &mut self.switches;
         tokio::select! {
@@ -269,6 +448,12 @@ impl Task {
     }
 
     fn on_message(&self, msg: &redis::Msg) {
+        if self.revoke_subscribed.contains(msg.get_channel_name()) {
+            if let Ok(token) = std::str::from_utf8(msg.get_payload_bytes()) {
+                self.revocations.revoke(token);
+            }
+            return;
+        }
         if let (Some(tag), Some(events)) = (
             tag_of_channel(msg.get_channel_name()),
             self.events.upgrade(),
@@ -279,6 +464,7 @@ impl Task {
 
     /// Unsubscribes channels whose linger ended and that still have no listener.
     async fn on_linger_ended(&mut self) {
+        self.on_revoke_linger_ended().await;
         let Some(events) = self.events.upgrade() else {
             return;
         };
@@ -303,6 +489,68 @@ impl Task {
                 // The connection is unusable: reconnect and resubscribe what is wanted.
                 self.reset(Instant::now());
                 return;
+            }
+        }
+    }
+
+    /// Unsubscribes revoke channels whose linger ended and that no lease is held under.
+    async fn on_revoke_linger_ended(&mut self) {
+        let now = Instant::now();
+        let due: Vec<Arc<str>> = (self.revoke_lingering.iter())
+            .filter(|(_, at)| **at <= now)
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in due {
+            self.revoke_lingering.remove(&channel);
+            if self.revocations.is_wanted(&channel) || !self.revoke_subscribed.remove(&channel) {
+                continue;
+            }
+            let Some((sink, _)) = self.conn.as_mut() else {
+                continue;
+            };
+            let res = tokio::time::timeout(self.remote.timeout, sink.unsubscribe(&*channel));
+            if !matches!(res.await, Ok(Ok(()))) {
+                self.reset(Instant::now());
+                return;
+            }
+        }
+    }
+
+    /// Subscribes a revoke channel, best effort: a failure is logged and left to the
+    /// renewals (which find a forced unlock on their own) and to the next reconnect, never a
+    /// reason to reconnect by itself (an ACL may deny that one channel).
+    async fn subscribe_revoke(&mut self, channel: &Arc<str>) {
+        let done =
+            self.revoke_subscribed.contains(channel) || self.revoke_refused.contains(channel);
+        if done && self.conn.is_some() {
+            return;
+        }
+        if self.conn.is_none() && self.connect().await.is_err() {
+            // Retried with the waiters' channels; until then the renewal finds a revocation.
+            self.reconnect_at
+                .get_or_insert(Instant::now() + RECONNECT_DELAY);
+            return;
+        }
+        let Some((sink, _)) = self.conn.as_mut() else {
+            return;
+        };
+        match tokio::time::timeout(self.remote.timeout, sink.subscribe(&**channel)).await {
+            Ok(Ok(())) => {
+                self.revoke_subscribed.insert(channel.clone());
+                self.heard = Instant::now();
+            }
+            Ok(Err(e)) => {
+                let refused = SubError::Redis(e);
+                if !refused.is_refusal() {
+                    self.reset(Instant::now());
+                    return;
+                }
+                self.revoke_refused.insert(channel.clone());
+                tracing::warn!(addr = %self.remote.addr, channel = %channel, error = %self.error(refused), "cannot listen for forced unlocks; a holder learns of one at its next renewal");
+            }
+            Err(_) => {
+                tracing::warn!(addr = %self.remote.addr, "pub/sub connection not answering; reconnecting");
+                self.reset(Instant::now());
             }
         }
     }
@@ -340,6 +588,9 @@ impl Task {
                 return;
             }
         }
+        for channel in self.revocations.wanted() {
+            self.subscribe_revoke(&channel).await;
+        }
         self.missed();
     }
 
@@ -348,6 +599,9 @@ impl Task {
         self.conn = None;
         self.subscribed.clear();
         self.lingering.clear();
+        self.revoke_subscribed.clear();
+        self.revoke_lingering.clear();
+        self.revoke_refused.clear();
         self.reconnect_at = Some(at);
         // Releases may have been missed: let every waiter retry now.
         self.missed();
@@ -403,6 +657,8 @@ impl Task {
 
     async fn connect(&mut self) -> Result<(), SubError> {
         self.subscribed.clear();
+        self.revoke_subscribed.clear();
+        self.revoke_refused.clear();
         let round = self.round;
         self.round = self.round.wrapping_add(1);
         let connector = self.remote.connector.clone();
@@ -476,5 +732,27 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_revoke_channel_is_the_prefix_in_braces_whatever_the_key() {
+        for (prefix, user) in [
+            ("lock:", "stock:1"),
+            ("app:lock:", "a{b}%c"),
+            ("", "k"),
+            ("p", "%7B"),
+        ] {
+            let key = LockKey::new(prefix, user).unwrap();
+            assert_eq!(prefix_of(&key), prefix, "{user}");
+            assert_eq!(revoke_channel(&key), format!("{{{prefix}}}:revoke"));
+            // Never a lock's own channel: those have a non-empty key inside the braces.
+            assert_ne!(revoke_channel(&key), key.channel().to_string());
+            assert_eq!(tag_of_channel(&revoke_channel(&key)), None);
+        }
     }
 }

@@ -346,9 +346,11 @@ impl RedisBackend {
         if !self.connector.master_confirmed() {
             Box::pin(self.connector.confirm_master())
                 .await
-                .map_err(|m| {
-                    BackendError::new(self.addr.clone(), self.scrub(&m))
-                        .with_hint("check that the Sentinels are running and reachable")
+                .map_err(|u| match u.last.map(|e| self.error(&e)) {
+                    // TLS, credentials: the advice any connection would get.
+                    Some(e) if !e.is_transient() => e,
+                    _ => BackendError::new(self.addr.clone(), self.scrub(&u.why))
+                        .with_hint("check that the Sentinels are running and reachable"),
                 })?;
         }
         if let Some(c) = self.link.current() {
@@ -740,6 +742,10 @@ impl RedisBackend {
                     .arg(key.channel())
                     .arg(retention)
                     .arg(millis(self.release_proof_life()));
+                if token.is_none() {
+                    // force.lua's last argument: where the holder's locker hears of it.
+                    c.arg(super::pubsub::revoke_channel(key));
+                }
             },
         };
         let script = if token.is_some() { &*RELEASE } else { &*FORCE };

@@ -74,6 +74,16 @@ impl TlsFiles {
     }
 }
 
+/// No Sentinel confirmed the master: why, and the last Sentinel's error (a TLS or
+/// credentials failure deserves the advice any connection would get).
+#[derive(Clone)]
+// Made only by the Sentinel watch.
+#[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
+pub(crate) struct Unconfirmed {
+    pub(crate) why: String,
+    pub(crate) last: Option<redis::RedisError>,
+}
+
 /// A connection that runs commands, whichever the topology.
 #[derive(Clone)]
 pub(crate) enum Conn {
@@ -252,7 +262,7 @@ impl Connector {
     /// Asks the Sentinels who the master is (Sentinel only): a master other than the
     /// connections reach makes them stale ([`epoch`](Self::epoch) moves). Fails, with the
     /// reason, when no Sentinel answers: then no master is confirmed.
-    pub(crate) async fn confirm_master(&self) -> Result<(), String> {
+    pub(crate) async fn confirm_master(&self) -> Result<(), Unconfirmed> {
         #[cfg(feature = "sentinel")]
         if let Connector::Sentinel { switches, .. } = self {
             return switches.confirm().await;
@@ -588,6 +598,7 @@ mod switch {
     use tokio::time::Instant;
     use tokio_util::sync::CancellationToken;
 
+    use super::Unconfirmed;
     use crate::backend::remote::Timeouts;
 
     /// A subscribed watcher asks its Sentinel `PING` this often: an answer proves that every
@@ -612,7 +623,7 @@ mod switch {
         confirmed: Option<Instant>,
         /// When the last confirmation failed, and why: the requests that waited for it fail
         /// with it rather than each asking again (and waiting as long) in turn.
-        failed: Option<(Instant, String)>,
+        failed: Option<(Instant, Unconfirmed)>,
     }
 
     /// What the watching task and the lockers share.
@@ -654,10 +665,11 @@ mod switch {
             }
         }
 
+        /// Whether a Sentinel named the current master lately. Before any master was
+        /// resolved there is no connection to doubt (the first one resolves it).
         fn is_confirmed(&self) -> bool {
-            self.view()
-                .confirmed
-                .is_some_and(|c| c.elapsed() < CONFIRMED_FOR)
+            let view = self.view();
+            view.master.is_none() || view.confirmed.is_some_and(|c| c.elapsed() < CONFIRMED_FOR)
         }
 
         /// `SENTINEL GET-MASTER-ADDR-BY-NAME` on `sentinel`, over a connection of its own
@@ -754,7 +766,7 @@ mod switch {
 
         /// Asks every Sentinel at once who the master is and takes the first answer (a new
         /// epoch when it names another master). Fails when none answers within the timeouts.
-        pub(crate) async fn confirm(&self) -> Result<(), String> {
+        pub(crate) async fn confirm(&self) -> Result<(), Unconfirmed> {
             let waited = Instant::now();
             let _one = self.confirming.lock().await;
             if self.is_confirmed() {
@@ -779,15 +791,20 @@ mod switch {
                     Err(e) => last = Some(e),
                 }
             }
-            let why = last.map_or_else(String::new, |e| format!(" (last error: {e})"));
-            let why = format!(
-                "no Sentinel named the master of service {:?} within {:?}, and none has been \
-                 heard for {CONFIRMED_FOR:?}: the master may have been replaced{why}",
-                shared.service,
-                shared.limit()
-            );
-            shared.view().failed = Some((Instant::now(), why.clone()));
-            Err(why)
+            let detail = last
+                .as_ref()
+                .map_or_else(String::new, |e| format!(" (last error: {e})"));
+            let failed = Unconfirmed {
+                why: format!(
+                    "no Sentinel named the master of service {:?} within {:?}, and none has been \
+                     heard for {CONFIRMED_FOR:?}: the master may have been replaced{detail}",
+                    shared.service,
+                    shared.limit()
+                ),
+                last,
+            };
+            shared.view().failed = Some((Instant::now(), failed.clone()));
+            Err(failed)
         }
 
         fn ensure_running(&self) {
