@@ -278,3 +278,71 @@ async fn unreachable_sentinels_locker_grants_nothing_unconfirmed() {
     }
     on_new.release().await.unwrap();
 }
+
+/// A switch announced before the watcher's first subscription landed: the locker resolved
+/// the master before the failover, its watcher subscribed after `+switch-master` was sent.
+/// After subscribing, the watcher asks for the master, so the switch is not missed: the
+/// stale locker, asked once the watcher has heard its Sentinel since, is not granted `split`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switch_before_the_watchers_first_subscription_is_not_missed() {
+    let (g, proxy) = group_behind_proxy();
+    let old = g.master_port().unwrap();
+    proxy.hold_subscriptions(true);
+    let stale = Locker::builder()
+        .sentinel([proxy.url()], SERVICE)
+        // The watcher's subscription waits in the proxy through the failover.
+        .connect_timeout(ms(3_000))
+        .build()
+        .await
+        .expect("locker through the proxy");
+    proxy
+        .wait_until(ms(5_000), |c| c.subscriptions_held >= 1)
+        .await
+        .expect("the watcher subscribes");
+    let new = fail_over(&g).await;
+    proxy.hold_subscriptions(false);
+    let landed = Instant::now();
+    // Until the watcher has answered PING on its subscription (the sentinel shows `cmd=ping`
+    // for it): from then on, it counts its view of the master as confirmed.
+    let mut sentinel = Raw::single(&url(g.sentinel_ports()[0])).await;
+    let heard = within(ms(2_000), async || {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut sentinel)
+            .await
+            .unwrap();
+        clients
+            .lines()
+            .any(|l| l.contains(" sub=1 ") && l.contains(" cmd=ping"))
+    })
+    .await;
+    let healthy = Locker::builder()
+        .sentinel(g.sentinel_urls(), SERVICE)
+        .build()
+        .await
+        .unwrap();
+    let on_new = healthy
+        .acquire("split", LockOptions::new().ttl(ms(20_000)))
+        .await
+        .unwrap();
+    assert!(holds(new, "split").await);
+    let asked = landed.elapsed();
+    let outcome = try_split(&stale, old).await;
+    let old_role = role(old).await;
+    figure(
+        "switch_before_the_watchers_first_subscription_is_not_missed",
+        format!(
+            "the watcher's first subscription landed after +switch-master; it answered PING \
+             {} later; stale locker asked {} after the subscription landed: {outcome:?}; the \
+             demoted master was still a {old_role}",
+            heard.map_or("never".into(), ms_f),
+            ms_f(asked)
+        ),
+    );
+    assert_eq!(old_role, "master", "the window closed: nothing was shown");
+    assert!(
+        !matches!(outcome, Outcome::Granted { .. }),
+        "split brain: the switch before the first subscription was missed ({outcome:?})"
+    );
+    on_new.release().await.unwrap();
+}
