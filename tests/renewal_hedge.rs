@@ -88,6 +88,12 @@ async fn a_renewal_answered_late_but_in_time_keeps_the_lease_without_a_false_los
     let locker = Locker::connect(&proxy.url()).await.unwrap();
     let ttl = ms(1_000);
     let g = locker.acquire("late", opts().ttl(ttl)).await.unwrap();
+    let mut direct = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    subscriptions_settled(&mut direct, ms(150)).await;
     let before = proxy.counters();
     proxy.delay(lockrt::testing::Direction::ToClient, ms(60));
     let kept = tokio::time::timeout(2 * ttl, g.lost()).await.is_err();
