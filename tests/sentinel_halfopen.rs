@@ -346,3 +346,92 @@ async fn switch_before_the_watchers_first_subscription_is_not_missed() {
     );
     on_new.release().await.unwrap();
 }
+
+/// The window that is left, measured: `SENTINEL FAILOVER` starts, and the watcher's connection
+/// goes half-open 300, 600 or 900 ms later, before the switch is announced (about a second
+/// after the command) or just after it. From the announcement on a healthy locker holds
+/// `split` on the new master, and the stale locker asks for it every 50 ms until 3 s after the
+/// stall. A grant on the demoted master may only come while the stale locker's view of the
+/// master holds: within a second of the last `PING` its Sentinel answered, so never later
+/// than a second after the stall (plus one request's time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos: repeated Sentinel failovers with a half-open watcher; run with cargo xtask chaos"]
+async fn chaos_half_open_sentinel_split_brain_window_is_bounded() {
+    let mut lines = Vec::new();
+    let mut late = Vec::new();
+    for (round, into_failover) in [300, 600, 900].into_iter().map(ms).enumerate() {
+        let (g, proxy) = group_behind_proxy();
+        let old = g.master_port().unwrap();
+        let stale = Locker::builder()
+            .sentinel([proxy.url()], SERVICE)
+            .build()
+            .await
+            .unwrap();
+        stale
+            .acquire("probe", LockOptions::new())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let mut announced = switch_messages(&g).await;
+        let g = std::sync::Arc::new(g);
+        let failover = {
+            let g = g.clone();
+            tokio::task::spawn_blocking(move || g.failover())
+        };
+        tokio::time::sleep(into_failover).await;
+        let stalled = proxy.stall_existing();
+        let stall = Instant::now();
+        tokio::time::timeout(ms(10_000), announced.on_message().next())
+            .await
+            .expect("+switch-master within 10 s");
+        let switch = stall.elapsed();
+        failover.await.unwrap().expect("SENTINEL FAILOVER");
+        let healthy = Locker::builder()
+            .sentinel(g.sentinel_urls(), SERVICE)
+            .build()
+            .await
+            .unwrap();
+        let on_new = healthy
+            .acquire("split", LockOptions::new().ttl(ms(20_000)))
+            .await
+            .unwrap();
+        let held_from = stall.elapsed();
+        let mut grants = Vec::new();
+        let mut asked = 0;
+        while stall.elapsed() < ms(3_000) {
+            let at = stall.elapsed();
+            asked += 1;
+            if let Outcome::Granted { on_old: true } = try_split(&stale, old).await {
+                grants.push(at);
+            }
+            tokio::time::sleep(ms(50)).await;
+        }
+        let old_role = role(old).await;
+        let last = grants.last().copied();
+        lines.push(format!(
+            "round {round}: {stalled} connections half-open {} into the failover, switch \
+             announced {} after the stall, healthy holder from {}; {} of {asked} stale asks \
+             granted on the demoted master (a {old_role} at the end), the last {} after the \
+             stall",
+            ms_f(into_failover),
+            ms_f(switch),
+            ms_f(held_from),
+            grants.len(),
+            last.map_or("-".into(), ms_f)
+        ));
+        if let Some(t) = last.filter(|t| *t > ms(1_200)) {
+            late.push(format!(
+                "round {round}: granted {} after the stall",
+                ms_f(t)
+            ));
+        }
+        on_new.release().await.unwrap();
+    }
+    figure(
+        "chaos_half_open_sentinel_split_brain_window_is_bounded",
+        lines.join("; "),
+    );
+    assert!(late.is_empty(), "grants after the bound: {late:?}");
+}
