@@ -8,16 +8,22 @@
 //!    "held by another", never to an orphan or to two holders.
 //! 3. **Wait**: subscribed to the lock's release channel *before* retrying, then retry on each
 //!    release message, or a bounded fallback timer; a release may hand the lock straight to
-//!    this waiter (a grant).
+//!    this waiter (a grant), always with a short lease (at most 2 s), so a waiter that died
+//!    while queued holds the lock up that long only.
 //! 4. **Hold**: the lease goes to the monitor and a guard is returned.
 //!
 //! Every lock handed out has a local deadline counted from the *send* time of the request that
-//! took it, and is handed out only while that deadline is at least the safety margin away: a
-//! reply that came too late, or a grant whose message came late, is confirmed by another
-//! attempt with the same token (which extends the lease if it is still ours) instead. From the
-//! first request sent until the guard exists, a compensation is armed: however the call ends
-//! (timeout, error, cancellation at any await), a release by token removes whatever the
-//! requests may have left (a lock or a queue place), in the background and bounded in time.
+//! took it (for a grant: the send time of the waiter's latest attempt plus the server time
+//! from that attempt to the release, no later than the message's arrival), and is handed out
+//! only while that deadline is at least the safety margin away. Anything else is confirmed by
+//! another attempt with the same token (which extends the lease to the full ttl if it is still
+//! ours): a reply that came too late, a grant whose message came late, a grant of a fixed
+//! lease longer than the grant lease, and every grant under `sync_replicas` (the release that
+//! granted it was not acknowledged; the attempt is). From the first request sent until the
+//! guard exists, a compensation is armed: however the call ends (timeout, error, cancellation
+//! at any await), a release by token removes whatever the requests may have left (a lock or a
+//! queue place) and bars the token, so that a request still in the network takes nothing when
+//! it lands; in the background and bounded in time.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,7 +46,8 @@ use crate::wait::{EntryHandle, Grant, Listener, Owner};
 
 /// How long a queued waiter's registration lives without a refresh (it refreshes at half).
 const REGISTRATION: Duration = Duration::from_secs(2);
-/// Lease handed to a waiter with a watchdog; its first renewal extends it to the full ttl.
+/// Lease a release hands to a waiter (or its ttl, if shorter): the watchdog's first renewal,
+/// or for a fixed lease a confirming attempt, extends it to the full ttl.
 const GRANT_LEASE: Duration = Duration::from_secs(2);
 /// Retries of one attempt whose outcome stays unknown (reply lost, connection reset) when the
 /// wait has no end; with a wait, retries go on (with backoff) until it ends.
@@ -52,6 +59,9 @@ const ATTEMPT_RETRIES_WITHIN_WAIT: u32 = 64;
 const MIN_RETRY_WINDOW: Duration = Duration::from_millis(100);
 /// Attempts in a row whose lock came back with too little lease left, before giving up.
 const MAX_LATE: u32 = 3;
+/// Attempts in a row that each dropped a batch of lapsed queue registrations (64) without
+/// reaching the queue's head, before counting the lock as busy (the wait goes on).
+const MAX_PRUNING: u32 = 256;
 
 impl Locker {
     /// Takes the lock, waiting up to the options' `wait` (or the locker's default).
@@ -184,15 +194,12 @@ impl<'a> Acquisition<'a> {
             Wait::Forever => None,
         };
         // A caller that may wait joins the lock's cross-process queue on its first failed
-        // attempt; a release then hands it the lock with a short lease that its watchdog
-        // extends (a waiter that died meanwhile blocks the lock only that long).
+        // attempt; a release then hands it the lock with a short lease that its watchdog (or,
+        // for a fixed lease, a confirming attempt) extends: a waiter that died meanwhile
+        // blocks the lock only that long, whatever its ttl.
         let queue = (wait != Wait::For(Duration::ZERO)).then(|| Queueing {
             register: REGISTRATION,
-            grant_lease: if opts.watchdog {
-                ttl.min(GRANT_LEASE)
-            } else {
-                ttl
-            },
+            grant_lease: ttl.min(GRANT_LEASE),
         });
         Ok(Acquisition {
             locker,
@@ -256,6 +263,7 @@ impl<'a> Acquisition<'a> {
     ) -> Result<Option<Taken>, LockError> {
         let mut backoff = self.backoff();
         let mut late = 0;
+        let mut pruning = 0;
         loop {
             let sent = Instant::now();
             pending.armed = true;
@@ -281,7 +289,14 @@ impl<'a> Acquisition<'a> {
                         return Err(self.too_late());
                     }
                 }
-                Ok(Attempt::Held { pttl, counter }) => {
+                // Free, with lapsed registrations still ahead of the queue's head: drop the next
+                // batch at once.
+                Ok(Attempt::Pruning) if pruning < MAX_PRUNING => pruning += 1,
+                Ok(attempt @ (Attempt::Held { .. } | Attempt::Pruning)) => {
+                    let (pttl, counter) = match attempt {
+                        Attempt::Held { pttl, counter } => (pttl, counter),
+                        _ => (None, None),
+                    };
                     // Nothing of ours is left in Redis but a queue place, if we took one.
                     pending.armed = self.queue.is_some();
                     *seen = Seen {
@@ -361,17 +376,25 @@ impl<'a> Acquisition<'a> {
     }
 
     /// A grant to this waiter that can be used as it is: newer than every fence the latest
-    /// busy attempt could have seen, and with enough of its lease left counted from that
-    /// attempt (the release that granted it ran after the attempt, so the real lease ends
-    /// later). Anything else is confirmed by the next attempt.
+    /// busy attempt could have seen, and with enough of its lease left counted from when it
+    /// was granted (see [`granted_at`]). Anything else is confirmed by the next attempt, and
+    /// so is every grant the release's write alone does not make usable: under
+    /// `sync_replicas` (a release is not acknowledged by replicas; the attempt is), and a
+    /// fixed lease longer than the grant lease (the attempt gives it the full ttl).
     fn usable_grant(&self, listener: &Listener<'_>, seen: &Seen) -> Option<Taken> {
-        let Grant { fence, .. } = listener.take_grant(self.token.as_str())?;
+        let grant = listener.take_grant(self.token.as_str())?;
+        let lease = self.queue.map_or(self.ttl, |q| q.grant_lease);
+        let confirm =
+            self.locker.backend().acknowledged_only() || (!self.opts.watchdog && lease < self.ttl);
+        if confirm {
+            return None;
+        }
         let taken = Taken {
-            fence,
-            sent: seen.sent?,
-            lease: self.queue.map_or(self.ttl, |q| q.grant_lease),
+            fence: grant.fence,
+            sent: granted_at(seen.sent?, &grant),
+            lease,
         };
-        (seen.counter.is_some_and(|c| fence > c) && self.fresh(&taken)).then_some(taken)
+        (seen.counter.is_some_and(|c| grant.fence > c) && self.fresh(&taken)).then_some(taken)
     }
 
     /// Step 4: the lease to the monitor, the guard to the caller.
@@ -466,9 +489,20 @@ impl Drop for Pending<'_> {
     }
 }
 
+/// Where a grant's lease starts on this clock: the latest busy attempt's send time `attempt`
+/// plus the server time from that attempt to the granting release (the release ran after the
+/// attempt reached Redis, so this is no later than the grant), but no later than the message's
+/// arrival (a server clock that jumped ahead must not stretch the lease). Without that time,
+/// the attempt's send time.
+fn granted_at(attempt: Instant, grant: &Grant) -> Instant {
+    let most = grant.arrived.saturating_duration_since(attempt);
+    attempt + grant.after_attempt.map_or(Duration::ZERO, |d| d.min(most))
+}
+
 /// Removes whatever requests with `token` may have left, in the background, retrying
 /// transient failures for at most `bound` (after that the lease has ended it anyway) and
-/// stopping at once on a permanent error.
+/// stopping at once on a permanent error. The token is barred from then on (see
+/// [`Backend::abandon`](crate::backend::Backend::abandon)).
 fn spawn_cleanup(locker: &Locker, key: LockKey, token: Token, bound: Duration) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
@@ -479,7 +513,7 @@ fn spawn_cleanup(locker: &Locker, key: LockKey, token: Token, bound: Duration) {
         let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500), 64)
             .until(Instant::now() + bound);
         loop {
-            match locker.backend().release(&key, &token).await {
+            match locker.backend().abandon(&key, &token).await {
                 Ok(crate::backend::Released::Freed) => return locker.wake(&key.tag),
                 Ok(_) => return,
                 Err(e) if backoff.retry(&e).await => {}

@@ -64,7 +64,7 @@ impl LockKey {
         Aux::new(&self.tag, ":q")
     }
 
-    /// `{lock}:w`: each queued waiter's registration expiry and granted lease.
+    /// `{lock}:w`: each queued waiter's registration expiry, granted lease and latest attempt.
     pub(crate) fn waiters(&self) -> Aux<'_> {
         Aux::new(&self.tag, ":w")
     }

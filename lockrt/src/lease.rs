@@ -56,7 +56,7 @@ pub(crate) struct LeaseInfo {
     pub(crate) watchdog: bool,
     /// The locker's safety margin (see [`margin`]).
     pub(crate) safety: Duration,
-    /// No renewal after this (`max_hold`).
+    /// No renewal after this (`max_hold`, counted from `acquired_at`).
     pub(crate) hold_until: Option<Instant>,
     /// When the lock was taken (the reply's arrival), for the hold-time metric.
     pub(crate) acquired_at: Instant,
@@ -93,7 +93,11 @@ pub(crate) struct NewLease {
 
 impl LeaseInfo {
     pub(crate) fn new(n: NewLease, turn: OwnedSemaphorePermit) -> LeaseInfo {
-        let hold_until = n.max_hold.and_then(|h| n.sent.checked_add(h));
+        // `max_hold` counts from when this process learned it holds the lock, not from the
+        // request's send time (for a hand-over, a waiter's attempt long before it): a guard
+        // is never born past its `max_hold`.
+        let acquired_at = Instant::now();
+        let hold_until = n.max_hold.and_then(|h| acquired_at.checked_add(h));
         LeaseInfo {
             id: n.id,
             key: n.key,
@@ -102,7 +106,7 @@ impl LeaseInfo {
             watchdog: n.watchdog,
             safety: n.safety,
             hold_until,
-            acquired_at: Instant::now(),
+            acquired_at,
             keep_until: n.min_hold.and_then(|h| Instant::now().checked_add(h)),
             lost: CancellationToken::new(),
             released: std::sync::atomic::AtomicBool::new(false),

@@ -13,7 +13,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use std::time::Duration;
+
 use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
 
 use crate::backend::pubsub::{Events, Subscriber};
 use crate::error::BackendError;
@@ -41,7 +44,8 @@ pub(crate) struct Entry {
     holder: Mutex<Option<(Owner, Weak<LeaseInfo>)>>,
     notify: Notify,
     listeners: AtomicUsize,
-    /// Locks handed to a waiter by a release ("g:<token>:<fence>" messages), until claimed.
+    /// Locks handed to a waiter by a release ("g:<token>:<fence>[:<µs>]" messages), until
+    /// claimed.
     grants: Mutex<Vec<Grant>>,
 }
 
@@ -50,6 +54,30 @@ pub(crate) struct Entry {
 pub(crate) struct Grant {
     pub(crate) token: String,
     pub(crate) fence: u64,
+    /// Server time from the waiter's latest attempt to the release that granted the lock,
+    /// when the release knew it.
+    pub(crate) after_attempt: Option<Duration>,
+    /// When the message arrived: the grant happened before.
+    pub(crate) arrived: Instant,
+}
+
+impl Grant {
+    /// Parses the part of a grant message after "g:": "<token>:<fence>[:<µs>]".
+    fn parse(rest: &[u8], arrived: Instant) -> Option<Grant> {
+        let text = std::str::from_utf8(rest).ok()?;
+        let (token, tail) = text.split_at_checked(32)?;
+        let tail = tail.strip_prefix(':')?;
+        let (fence, after_attempt) = match tail.split_once(':') {
+            Some((fence, us)) => (fence, Some(Duration::from_micros(us.parse().ok()?))),
+            None => (tail, None),
+        };
+        Some(Grant {
+            token: token.to_owned(),
+            fence: fence.parse().ok()?,
+            after_attempt,
+            arrived,
+        })
+    }
 }
 
 /// Grants kept per key at most: only this locker's head waiter claims one, the rest are
@@ -64,23 +92,13 @@ impl Entry {
 
     fn deliver(&self, payload: &[u8]) {
         if let Some(rest) = payload.strip_prefix(b"g:")
-            && rest.len() > 33
-            && rest[32] == b':'
-            && let (Ok(token), Some(fence)) = (
-                std::str::from_utf8(&rest[..32]),
-                std::str::from_utf8(&rest[33..])
-                    .ok()
-                    .and_then(|f| f.parse().ok()),
-            )
+            && let Some(grant) = Grant::parse(rest, Instant::now())
         {
             let mut grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
             if grants.len() >= MAX_GRANTS {
                 grants.remove(0);
             }
-            grants.push(Grant {
-                token: token.to_owned(),
-                fence,
-            });
+            grants.push(grant);
         }
         self.notify.notify_waiters();
     }
@@ -302,6 +320,32 @@ impl Drop for Listener<'_> {
         };
         if last && let Some(sub) = &self.handle.shared.remote {
             sub.unsubscribe(&self.handle.tag);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grant_messages_parse_with_and_without_the_time_since_the_attempt() {
+        let t = Instant::now();
+        let token = "0123456789abcdef0123456789abcdef";
+        let g = Grant::parse(format!("{token}:42:1500").as_bytes(), t).unwrap();
+        assert_eq!((g.token.as_str(), g.fence), (token, 42));
+        assert_eq!(g.after_attempt, Some(Duration::from_micros(1500)));
+        let g = Grant::parse(format!("{token}:42").as_bytes(), t).unwrap();
+        assert_eq!((g.fence, g.after_attempt), (42, None));
+        for bad in [
+            format!("{token}:"),
+            format!("{token}:x"),
+            format!("{token}:42:"),
+            format!("{token}:42:-1"),
+            format!("{token}42"),
+            "short:1".to_owned(),
+        ] {
+            assert!(Grant::parse(bad.as_bytes(), t).is_none(), "{bad}");
         }
     }
 }

@@ -68,6 +68,10 @@ pub(crate) enum Attempt {
     /// The token holds the lock now, with this fence, for a fresh lease counted from no
     /// earlier than the request's send time.
     Acquired { fence: u64 },
+    /// Free, but the waiter queue's head is not known yet: the attempt dropped as many lapsed
+    /// registrations as one call may and more may follow. Ask again at once (a newcomer must
+    /// not take a lock a live waiter behind them is owed).
+    Pruning,
     /// Another owner holds it (or it is promised to an earlier waiter).
     Held {
         /// The holder's remaining lease, when it has one.
@@ -182,6 +186,30 @@ impl Backend {
             } else {
                 Released::NotOwner
             }),
+        }
+    }
+
+    /// Releases what an acquisition that ended without a guard may have left with `token`
+    /// (the lock, a queue place), and refuses `token` from then on: a request of that
+    /// acquisition still in the network takes nothing when it lands.
+    pub(crate) async fn abandon(
+        &self,
+        key: &LockKey,
+        token: &Token,
+    ) -> Result<Released, BackendError> {
+        match self {
+            Backend::Redis(b) => b.abandon(key, token).await,
+            // In process, nothing is ever in flight once the call has returned.
+            Backend::Memory(_) => self.release(key, token).await,
+        }
+    }
+
+    /// Whether a lock counts only once replicas acknowledged it (`sync_replicas`): a lock a
+    /// release hands over is then confirmed by an acknowledged attempt before it is used.
+    pub(crate) fn acknowledged_only(&self) -> bool {
+        match self {
+            Backend::Redis(b) => b.acknowledged_only(),
+            Backend::Memory(_) => false,
         }
     }
 

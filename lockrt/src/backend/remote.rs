@@ -18,7 +18,8 @@
 //! Scripts run by `EVALSHA`, and by `EVAL` on the same connection after `NOSCRIPT`: that loads
 //! the script on the server that needs it (a cluster slot's master) and nowhere else. With
 //! `sync_replicas(n, timeout)`, a `WAIT` follows each acquire and renewal in the same
-//! pipeline, and a write fewer than `n` replicas acknowledged does not count.
+//! pipeline, and a write fewer than `n` replicas acknowledged does not count. Releases are not
+//! acknowledged: a waiter a release hands the lock to confirms it with an acquire (which is).
 //!
 //! Owns credential hygiene: every error leaving this module is scrubbed of the password.
 
@@ -577,9 +578,14 @@ impl RedisBackend {
             queue.map_or((0, 0), |q| (millis(q.register), millis(q.grant_lease)));
         let retention = millis(self.fence_retention);
         let owner = owner_key(key.lock());
+        // Marked by the compensation of an acquisition that was given up: refused from then on.
+        let done = done_key(key, token);
         let call = Call {
-            nkeys: 5,
-            keys: |c: &mut Cmd| lock_keys(c, key, &owner),
+            nkeys: 6,
+            keys: |c: &mut Cmd| {
+                lock_keys(c, key, &owner);
+                c.arg(&done);
+            },
             args: |c: &mut Cmd| {
                 c.arg(token.as_str())
                     .arg(millis(ttl))
@@ -601,8 +607,11 @@ impl RedisBackend {
             Attempt::Acquired {
                 fence: u64::try_from(n).unwrap_or(0),
             }
+        } else if n == -5 {
+            Attempt::Pruning
         } else {
-            // -1: a key without expiry (not ours); -3: free but promised to an earlier waiter.
+            // -1: a key without expiry (not ours); -3: free but promised to an earlier waiter;
+            // -4: this token's acquisition was abandoned.
             Attempt::Held {
                 pttl: u64::try_from(n).ok().map(Duration::from_millis),
                 counter: reply.get(2).and_then(|&c| u64::try_from(c).ok()),
@@ -716,14 +725,31 @@ impl RedisBackend {
         key: &LockKey,
         token: &Token,
     ) -> Result<Released, BackendError> {
-        self.release_as(key, Some(token)).await
+        self.release_as(key, Some(token), false).await
+    }
+
+    /// The release of an acquisition that ended without a guard: also marks `token` so that
+    /// none of its requests still in the network takes anything when it lands.
+    pub(crate) async fn abandon(
+        &self,
+        key: &LockKey,
+        token: &Token,
+    ) -> Result<Released, BackendError> {
+        self.release_as(key, Some(token), true).await
+    }
+
+    /// Whether a write counts only once replicas acknowledged it (`sync_replicas`).
+    pub(crate) fn acknowledged_only(&self) -> bool {
+        self.sync.is_some()
     }
 
     /// release.lua for `token`, or force.lua (for whichever token holds the lock) with `None`.
+    /// `abandon`: see [`abandon`](Self::abandon).
     async fn release_as(
         &self,
         key: &LockKey,
         token: Option<&Token>,
+        abandon: bool,
     ) -> Result<Released, BackendError> {
         let retention = millis(self.fence_retention);
         let owner = owner_key(key.lock());
@@ -741,7 +767,8 @@ impl RedisBackend {
                 c.arg(token.map_or("", Token::as_str))
                     .arg(key.channel())
                     .arg(retention)
-                    .arg(millis(self.release_proof_life()));
+                    .arg(millis(self.release_proof_life()))
+                    .arg(if abandon { "a" } else { "" });
                 if token.is_none() {
                     // force.lua's last argument: where the holder's locker hears of it.
                     c.arg(super::pubsub::revoke_channel(key));
@@ -762,6 +789,8 @@ impl RedisBackend {
 impl RedisBackend {
     /// How long a release's proof (`{lock}:done:<token>`) outlives it: longer than every
     /// retry of that release can take (each bounded by the connect and response timeouts).
+    /// An abandoned acquisition's mark lives as long: a request of it held up in the network
+    /// longer than that (beyond TCP's usual retransmissions) would still take the lock.
     fn release_proof_life(&self) -> Duration {
         let per_try = self.timeouts.connect + self.timeouts.response;
         (per_try * 8).max(Duration::from_secs(10))
@@ -769,7 +798,7 @@ impl RedisBackend {
 
     /// Releases `key` whoever holds it, as its holder's release would (hand-over included).
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<Released, BackendError> {
-        self.release_as(key, None).await
+        self.release_as(key, None, false).await
     }
 
     /// The raw state of one lock, read by inspect.lua.

@@ -2,8 +2,10 @@
 -- Takes lock KEYS[1] for owner token ARGV[2] (32 hex chars) with a lease of ARGV[3] ms.
 -- KEYS[2]: the lock's fencing counter (lifetime ARGV[4] ms, see `take_lock`).
 -- KEYS[3], KEYS[4]: the lock's waiter queue (zset token -> arrival) and waiter details
--- (hash token -> "<registration expiry ms>:<grant lease ms>"), so that a release hands the
--- lock straight to the longest waiter and waiters of different processes are served in order.
+-- (hash token -> "<registration expiry ms>:<grant lease ms>:<attempt µs>", the server time of
+-- the waiter's latest attempt last), so that a release hands the lock straight to the longest
+-- waiter, waiters of different processes are served in order, and a grant can say how long
+-- after that attempt it came.
 -- ARGV[5] > 0: on failure, queue ARGV[2] (or refresh its place) for that many ms; the lease
 -- it is granted on release is ARGV[6] ms.
 -- The lock's value is "<token>:<fence>": a retry of an acquire whose reply was lost, or a
@@ -11,21 +13,30 @@
 -- fresh lease of ARGV[3] ms.
 -- Returns {rid, 1, fence} when ARGV[2] holds the lock now; {rid, 0, pttl, counter} when
 -- another owner holds it; {rid, 0, -3, counter} when the lock is free but promised to an
--- earlier waiter. `counter` is the fencing counter's value, -1 when it does not exist: a grant
+-- earlier waiter; {rid, 0, -4, counter} when ARGV[2]'s acquisition was abandoned (see KEYS[6]);
+-- {rid, 0, -5, counter} when the lock is free but the queue's head is not known yet (64 lapsed
+-- registrations were dropped and more may follow: ask again at once). `counter` is the fencing counter's value, -1 when it does not exist: a grant
 -- to ARGV[2] with a fence not above a known counter is stale (its lease ran out before this
 -- call, or this call would have found ARGV[2] holding the lock), and with the counter unknown
 -- a grant must be confirmed by another call.
 -- KEYS[5] (optional): the owner key `{lock}:owner`; ARGV[7] the acquirer's identity, kept there
 -- (see `take_lock`) and, while it waits, in KEYS[4] under field "o:<token>" for a hand-over.
+-- KEYS[6]: `{lock}:done:<token>`, which release.lua sets to 'a' when ARGV[2]'s acquisition was
+-- abandoned (its compensation ran): a request of it that reaches Redis only after that (held
+-- up in the network) takes neither the lock nor a queue place.
 -- The uncontended path (free, nobody queued) makes only EXISTS, INCR and SET.
 local token = ARGV[2]
 
-if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
   return {rid, 1, (take_lock(token, ARGV[3], ARGV[4], ARGV[7]))}
 end
 
 local function counter()
   return tonumber(redis.call('GET', KEYS[2]) or '-1')
+end
+
+if redis.call('GET', KEYS[6]) == 'a' then
+  return {rid, 0, -4, counter()}
 end
 
 local function enqueue()
@@ -34,7 +45,8 @@ local function enqueue()
   if not redis.call('ZSCORE', KEYS[3], token) then
     redis.call('ZADD', KEYS[3], now_us(), token)
   end
-  redis.call('HSET', KEYS[4], token, string.format('%.0f', now_ms() + reg) .. ':' .. ARGV[6])
+  redis.call('HSET', KEYS[4], token,
+    string.format('%.0f', now_ms() + reg) .. ':' .. ARGV[6] .. ':' .. string.format('%.0f', now_us()))
   if KEYS[5] then redis.call('HSET', KEYS[4], 'o:' .. token, owner_text(ARGV[7])) end
   redis.call('PEXPIRE', KEYS[3], reg * 2)
   redis.call('PEXPIRE', KEYS[4], reg * 2)
@@ -51,11 +63,17 @@ if cur then
   return {rid, 0, redis.call('PTTL', KEYS[1]), counter()}
 end
 
--- Free. The longest live waiter has precedence; stale registrations are dropped.
+-- Free. The longest live waiter has precedence; stale registrations are dropped, at most 64
+-- per call. The lock is taken only once the head is known: after 64 stale ones the caller asks
+-- again (a newcomer must not pass a live waiter queued behind many dead ones).
 local queued = false
+local known = false
 for _ = 1, 64 do
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if not head then break end
+  if not head then
+    known = true
+    break
+  end
   queued = true
   local info = redis.call('HGET', KEYS[4], head)
   local expiry = info and tonumber(string.match(info, '^(%d+)'))
@@ -64,10 +82,15 @@ for _ = 1, 64 do
       enqueue()
       return {rid, 0, -3, counter()}
     end
+    known = true
     break
   end
   redis.call('ZREM', KEYS[3], head)
   redis.call('HDEL', KEYS[4], head, 'o:' .. head)
+end
+if not known then
+  enqueue()
+  return {rid, 0, -5, counter()}
 end
 if queued then
   redis.call('ZREM', KEYS[3], token)

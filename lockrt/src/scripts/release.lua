@@ -3,8 +3,10 @@
 -- the waiter queue (a waiter that gave up: a holder is never queued). KEYS[2..4] and ARGV[4]
 -- (the fencing counter's retention): as in acquire.lua.
 -- If live waiters are queued, the lock goes straight to the longest one, with the lease it
--- registered, and "g:<token>:<fence>" is published on channel ARGV[3]; otherwise "r" when
--- stale registrations were dropped. With nobody queued nothing is published: every waiter
+-- registered, and "g:<token>:<fence>:<µs>" is published on channel ARGV[3], <µs> the server
+-- time since that waiter's latest attempt (absent for a registration without it), so the
+-- waiter can count its lease from when it was granted; otherwise "r" when stale registrations
+-- were dropped (also when more may remain: the waiters' own attempts drop the rest). With nobody queued nothing is published: every waiter
 -- joins the queue in the same script call that finds the lock busy, so an empty queue means
 -- no waiter to wake (one whose registration went stale still retries on its own timer).
 -- PUBLISH may be denied (an ACL without channel rights): the release and hand-over have
@@ -15,21 +17,27 @@
 -- own release happened, kept ARGV[5] ms. A retried release whose first try's reply was lost
 -- finds it and answers 3; without it, "not the holder" may mean expired, force-unlocked or a
 -- server restarted without its data, and another owner may have run: that is a loss.
+-- ARGV[6] = 'a': the release of an abandoned acquisition (its compensation). KEYS[6] is then set
+-- to 'a' whether or not the token held the lock, and acquire.lua refuses the token from then
+-- on: a request of it still in the network takes nothing when it lands.
 -- Never deletes another owner's lock. Returns {rid, n}: n = 0 if ARGV[2] did not hold the
 -- lock, 1 if it was released, 2 if it was released and handed to a waiter, 3 if this token's
 -- release had already happened (the marker of KEYS[6]).
 local token = ARGV[2]
+local abandon = KEYS[6] and ARGV[6] == 'a'
 local cur = redis.call('GET', KEYS[1])
 if not owns(cur, token) then
   -- Not the holder: a waiter that gave up, or a late release. Only its queue place goes.
   redis.call('ZREM', KEYS[3], token)
   redis.call('HDEL', KEYS[4], token, 'o:' .. token)
-  if KEYS[6] and redis.call('EXISTS', KEYS[6]) == 1 then return {rid, 3} end
+  local proof = KEYS[6] and redis.call('EXISTS', KEYS[6]) == 1
+  if abandon then redis.call('SET', KEYS[6], 'a', 'PX', ARGV[5]) end
+  if proof then return {rid, 3} end
   return {rid, 0}
 end
 redis.call('DEL', KEYS[1])
 if KEYS[5] then redis.call('DEL', KEYS[5]) end
-if KEYS[6] then redis.call('SET', KEYS[6], '1', 'PX', ARGV[5]) end
+if KEYS[6] then redis.call('SET', KEYS[6], abandon and 'a' or '1', 'PX', ARGV[5]) end
 
 local queued = false
 for _ = 1, 64 do
@@ -40,11 +48,15 @@ for _ = 1, 64 do
   local who = redis.call('HGET', KEYS[4], 'o:' .. head)
   redis.call('ZREM', KEYS[3], head)
   redis.call('HDEL', KEYS[4], head, 'o:' .. head)
-  local expiry, lease = string.match(info or '', '^(%d+):(%d+)$')
+  local expiry, lease, at = string.match(info or '', '^(%d+):(%d+):?(%d*)$')
   -- A holder leaves the queue when it takes the lock; never hand the lock back to it.
   if head ~= token and expiry and tonumber(expiry) > now_ms() then
     local _, f = take_lock(head, lease, ARGV[4], who)
-    redis.pcall('PUBLISH', ARGV[3], 'g:' .. head .. ':' .. f)
+    local msg = 'g:' .. head .. ':' .. f
+    if at ~= '' then
+      msg = msg .. ':' .. string.format('%.0f', math.max(0, now_us() - tonumber(at)))
+    end
+    redis.pcall('PUBLISH', ARGV[3], msg)
     return {rid, 2}
   end
 end
