@@ -551,3 +551,36 @@ impl Drop for Counted<'_> {
         crate::metrics::waiting(-1.0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(after_attempt: Option<Duration>, arrived: Instant) -> Grant {
+        Grant {
+            token: String::new(),
+            fence: 1,
+            after_attempt,
+            arrived,
+        }
+    }
+
+    #[test]
+    fn a_grant_starts_at_the_release_but_never_after_its_message_arrived() {
+        let ms = Duration::from_millis;
+        let attempt = Instant::now();
+        let arrived = attempt + ms(900);
+        // The release ran 800 ms after the attempt reached Redis.
+        assert_eq!(
+            granted_at(attempt, &grant(Some(ms(800)), arrived)),
+            attempt + ms(800)
+        );
+        // A server clock that jumped ahead cannot move the start past the message.
+        assert_eq!(
+            granted_at(attempt, &grant(Some(ms(5_000)), arrived)),
+            arrived
+        );
+        // A release that did not know the attempt's time: the attempt's send time.
+        assert_eq!(granted_at(attempt, &grant(None, arrived)), attempt);
+    }
+}
