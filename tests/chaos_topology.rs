@@ -621,6 +621,15 @@ impl Run {
         None
     }
 
+    /// Lets the workers run until `d` after `t` (`mono_ns`).
+    fn until_elapsed(&self, t: u64, d: Duration) {
+        let end = t + d.as_nanos() as u64;
+        let now = history::mono_ns();
+        if end > now {
+            thread::sleep(Duration::from_nanos(end - now));
+        }
+    }
+
     /// Ends the workers (their stdin closes), and checks the history.
     fn finish(self) -> Outcome {
         let mut done = Vec::new();
@@ -925,6 +934,43 @@ fn assert_all(case: &str, failures: Vec<String>) {
 
 // ---- Sentinel failovers ---------------------------------------------------------------------
 
+/// How long a failover schedule goes on after the sentinel named the new master: past the
+/// deafness bound and the leases that may span the switch, while the demoted master still
+/// takes writes (until a sentinel reconfigures it, up to ~10 s).
+const AFTER_SWITCH: Duration = Duration::from_secs(8);
+
+/// How long after the switch a locker may still use the old master (the README's deafness
+/// bound of the `+switch-master` watcher, 1 s, plus slack), and then the longest ttl (3 s)
+/// during which a lock taken in the window may still be held.
+const WINDOW_END: Duration = Duration::from_millis(1_500 + 3_000);
+
+/// Without `sync_replicas`, the README documents a window: a write the replica had not
+/// applied is lost with the old master, so a fence may repeat (the oracle rejects the second
+/// claim) and a waiter may take the lock on the new master while the holder still counts it
+/// held. Measured, not failures: overlaps, the lost updates they cause, fence order. Still
+/// failures: records and oracle disagreeing, a stale claim accepted, an overlapped section
+/// reported as a success, and any overlap of a section that started after the window
+/// (the locker kept using a replaced master: split brain).
+fn window_only(o: &Outcome, switched: u64) -> Vec<String> {
+    let mut v = o.integrity_violations();
+    v.retain(|l| !l.starts_with("fence order:"));
+    v.extend(o.overlapped_reported_ok());
+    let end = switched + WINDOW_END.as_nanos() as u64;
+    for ov in o.overlaps.iter().filter(|ov| ov.earlier.acquired > end) {
+        v.push(format!(
+            "split brain {:.0} ms after the switch: pid {} fence {} still inside when pid {} \
+             fence {} started ({:.1} ms)",
+            ms_of(ov.later.acquired - switched),
+            ov.earlier.pid,
+            ov.earlier.fence,
+            ov.later.pid,
+            ov.later.fence,
+            ms_of(ov.overlap_ns)
+        ));
+    }
+    v
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Failover {
     /// `SENTINEL FAILOVER`.
@@ -964,7 +1010,12 @@ fn until_busy(port: u16, key: &str, within: Duration) -> bool {
 }
 
 /// One failover under load: 3 workers x 3 tasks through the sentinel, ttls 1-3 s.
-fn failover_seed(seed: u64, how: Failover, sync: bool, oracle: &RedisServer) -> (Outcome, String) {
+fn failover_seed(
+    seed: u64,
+    how: Failover,
+    sync: bool,
+    oracle: &RedisServer,
+) -> (Outcome, String, u64) {
     let case = format!(
         "chaos_topology_sentinel_{}{}",
         match how {
@@ -1023,7 +1074,7 @@ fn failover_seed(seed: u64, how: Failover, sync: bool, oracle: &RedisServer) -> 
     // Locks are served again after the switch (with sync_replicas only once a replica is
     // attached to the new master again).
     let served = run.until_served(switched, 3, Duration::from_secs(30));
-    thread::sleep(ms(1_000));
+    run.until_elapsed(switched, AFTER_SWITCH);
     let outcome = run.finish();
     let text = format!(
         "seed {seed}: {}; failover {:.0} ms; 3 sections completed {} after the switch",
@@ -1035,7 +1086,7 @@ fn failover_seed(seed: u64, how: Failover, sync: bool, oracle: &RedisServer) -> 
         ))
     );
     drop(g);
-    (outcome, text)
+    (outcome, text, switched)
 }
 
 fn failover_case(how: Failover, sync: bool, default_seeds: &[u64]) {
@@ -1044,7 +1095,7 @@ fn failover_case(how: Failover, sync: bool, default_seeds: &[u64]) {
     let mut failures = Vec::new();
     let mut case = String::new();
     for seed in seeds(default_seeds.iter().copied()) {
-        let (o, text) = failover_seed(seed, how, sync, &oracle);
+        let (o, text, switched) = failover_seed(seed, how, sync, &oracle);
         case.clone_from(&o.case);
         println!("{}: {text}", o.case);
         for w in &o.workers {
@@ -1053,13 +1104,7 @@ fn failover_case(how: Failover, sync: bool, default_seeds: &[u64]) {
         let mut v = if sync {
             strict(&o)
         } else {
-            // The documented window: overlaps and the lost updates they cause are measured,
-            // not failures. The records and the oracle must still agree, an overlapped section
-            // is never reported as a success, and the oracle accepts no stale claim.
-            let mut v = o.integrity_violations();
-            v.retain(|l| !l.starts_with("fence order:"));
-            v.extend(o.overlapped_reported_ok());
-            v
+            window_only(&o, switched)
         };
         if text.contains("NEVER") {
             v.push("locks were not served again after the switch".into());
@@ -1111,16 +1156,16 @@ fn chaos_topology_sentinel_master_killed() {
 
 // ---- half-open connections -------------------------------------------------------------------
 
-/// Every worker reaches the only sentinel through its own proxy; their connections to it go
-/// half-open, then `SENTINEL FAILOVER`. With `sync_replicas`: the history stays clean.
-#[test]
-#[ignore = "chaos: half-open Sentinel connections and a failover; run with cargo xtask chaos"]
-fn chaos_topology_half_open_sentinels_sync() {
-    let case = "chaos_topology_half_open_sentinels_sync";
+/// Every worker reaches the only sentinel through its own proxy; the sentinel connections of
+/// a random subset of the workers go half-open, then `SENTINEL FAILOVER`. With
+/// `sync_replicas`: the history stays clean. Without: the documented window is measured, and
+/// no two sections that both started after the deafness bound overlap (split brain through
+/// a deaf watcher).
+fn half_open_sentinels(case: &str, sync: bool, default_seeds: [u64; 2]) {
     let oracle = RedisServer::start().expect("oracle");
     let mut lines = Vec::new();
     let mut failures = Vec::new();
-    for seed in seeds([41, 42]) {
+    for seed in seeds(default_seeds) {
         let g = RedisSentinelGroup::start(SERVICE, 1).expect("sentinel group");
         let sentinel =
             std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, g.sentinel_ports()[0]));
@@ -1132,7 +1177,7 @@ fn chaos_topology_half_open_sentinels_sync() {
                 .iter()
                 .map(|p| Target::Sentinels(vec![p.url()]))
                 .collect(),
-            sync_replicas: true,
+            sync_replicas: sync,
             tasks: 3,
             ttl: (1_000, 3_000),
             long_work: 600,
@@ -1159,7 +1204,7 @@ fn chaos_topology_half_open_sentinels_sync() {
         g.failover().expect("SENTINEL FAILOVER");
         let switched = run.event("SENTINEL FAILOVER done");
         let served = run.until_served(switched, 3, Duration::from_secs(30));
-        thread::sleep(ms(1_000));
+        run.until_elapsed(switched, AFTER_SWITCH);
         let o = run.finish();
         let text = format!(
             "seed {seed}: {stalled} connections half-open, then SENTINEL FAILOVER: {}; 3 \
@@ -1171,7 +1216,14 @@ fn chaos_topology_half_open_sentinels_sync() {
             ))
         );
         println!("{case}: {text}");
-        let mut v = strict(&o);
+        for w in &o.workers {
+            println!("{case}:   {w}");
+        }
+        let mut v = if sync {
+            strict(&o)
+        } else {
+            window_only(&o, switched)
+        };
         if served.is_none() {
             v.push("locks were not served again after the switch".into());
         }
@@ -1182,6 +1234,18 @@ fn chaos_topology_half_open_sentinels_sync() {
     }
     figure(case, lines.join(" | "));
     assert_all(case, failures);
+}
+
+#[test]
+#[ignore = "chaos: half-open Sentinel connections and a failover; run with cargo xtask chaos"]
+fn chaos_topology_half_open_sentinels_sync() {
+    half_open_sentinels("chaos_topology_half_open_sentinels_sync", true, [41, 42]);
+}
+
+#[test]
+#[ignore = "chaos: half-open Sentinel connections and a failover; run with cargo xtask chaos"]
+fn chaos_topology_half_open_sentinels() {
+    half_open_sentinels("chaos_topology_half_open_sentinels", false, [43, 44]);
 }
 
 #[derive(Debug, Clone, Copy)]
