@@ -8,8 +8,9 @@
 //! ```
 //!
 //! One line per lock: key, holder (`service@host pid`), remaining lease, fence, waiters. The
-//! URL may also come from `LOCKCTL_URL` or `REDIS_URL`; it is never printed with its password.
-//! `list` and `watch` scan keys; on a Redis Cluster they scan every master.
+//! URL may also come from `LOCKCTL_URL` or `REDIS_URL`; lockctl never prints it, and the
+//! library's errors name the server without any credential. `list` and `watch` scan keys; on
+//! a Redis Cluster they scan every master.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -85,18 +86,21 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, String> {
-    let url = cli
-        .url
-        .or_else(|| std::env::var("LOCKCTL_URL").ok())
-        .or_else(|| std::env::var("REDIS_URL").ok())
-        .ok_or("no Redis URL: pass --url redis://host:6379/ (or set LOCKCTL_URL)")?;
+    let (url, source) = match cli.url {
+        Some(url) => (url, "--url"),
+        None => ["LOCKCTL_URL", "REDIS_URL"]
+            .into_iter()
+            .find_map(|name| std::env::var(name).ok().map(|url| (url, name)))
+            .ok_or("no Redis URL: pass --url redis://host:6379/ (or set LOCKCTL_URL)")?,
+    };
+    // The URL itself is never printed: the library's error names the server, redacted.
     let locker = Locker::builder()
-        .url(url.clone())
+        .url(url)
         .prefix(cli.prefix)
         .service_name("lockctl")
         .build()
         .await
-        .map_err(|e| format!("cannot connect to {}: {e}", redact(&url)))?;
+        .map_err(|e| format!("cannot connect (URL from {source}): {e}"))?;
     match cli.command {
         Command::List { pattern } => {
             let locks = locker.locks(&pattern).await.map_err(|e| e.to_string())?;
@@ -216,34 +220,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(ms))
 }
 
-/// `url` with any password replaced by `***` (`redis://user:***@host/`).
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (auth, hosts) = match rest.split_once('/') {
-        Some((a, path)) => (a, format!("/{path}")),
-        None => (rest, String::new()),
-    };
-    match auth.rsplit_once('@') {
-        Some((cred, host)) => {
-            let user = cred.split_once(':').map_or("", |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}{hosts}")
-        }
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact("redis://:secret@h:1"), "redis://:***@h:1");
-        assert_eq!(redact("redis://h:1/"), "redis://h:1/");
-    }
 
     #[test]
     fn durations() {
