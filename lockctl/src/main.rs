@@ -11,6 +11,10 @@
 //! URL may also come from `LOCKCTL_URL` or `REDIS_URL`; lockctl never prints it, and the
 //! library's errors name the server without any credential. `list` and `watch` scan keys; on
 //! a Redis Cluster they scan every master.
+//!
+//! Keys and owner record fields are text anyone with write access to Redis chooses: they are
+//! printed as lockrt's logs print keys, quoted and escaped (Rust's `Debug` form), so a key
+//! holding a newline or a terminal control sequence cannot forge a row or repaint the screen.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -111,30 +115,30 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         }
         Command::Show { key } => {
             let Some(l) = locker.lock_info(&key).await.map_err(|e| e.to_string())? else {
-                println!("{key}: not held");
+                println!("{key:?}: not held");
                 return Ok(ExitCode::from(1));
             };
             print_header();
             println!("{}", line(&l));
-            println!("redis key:   {}", l.redis_key);
+            println!("redis key:   {:?}", l.redis_key);
             if let Some(h) = &l.holder {
-                println!("service:     {}", h.service);
-                println!("host:        {}", h.host);
+                println!("service:     {:?}", h.service);
+                println!("host:        {:?}", h.host);
                 println!("pid:         {}", h.pid);
-                println!("instance id: {}", h.instance_id);
+                println!("instance id: {:?}", h.instance_id);
                 println!("acquired at: {} ms since the epoch", h.acquired_at_ms);
             }
         }
         Command::Unlock { force, key } => {
             if !force {
                 return Err(format!(
-                    "refusing to unlock {key} without --force: its holder may still be working"
+                    "refusing to unlock {key:?} without --force: its holder may still be working"
                 ));
             }
             if locker.force_unlock(&key).await.map_err(|e| e.to_string())? {
-                println!("{key}: unlocked");
+                println!("{key:?}: unlocked");
             } else {
-                println!("{key}: not held");
+                println!("{key:?}: not held");
                 return Ok(ExitCode::from(1));
             }
         }
@@ -167,7 +171,7 @@ async fn watch(
             }
         }
         for key in seen.keys().filter(|k| !now.contains_key(*k)) {
-            println!("- {key}");
+            println!("- {key:?}");
         }
         seen = now;
         round += 1;
@@ -188,19 +192,24 @@ fn print_header() {
     );
 }
 
-/// `key holder lease fence waiters`, aligned like the header.
+/// `key holder lease fence waiters`, aligned like the header; the key and the holder's
+/// service and host quoted and escaped.
 fn line(l: &LockInfo) -> String {
-    let holder = l
-        .holder
-        .as_ref()
-        .map_or_else(|| "-".to_owned(), ToString::to_string);
+    let holder = l.holder.as_ref().map_or_else(
+        || "-".to_owned(),
+        |h| format!("{:?}@{:?} {}", h.service, h.host, h.pid),
+    );
     let lease = l
         .remaining
         .map_or_else(|| "-".to_owned(), |d| format!("{}ms", d.as_millis()));
     let fence = l.fence.map_or_else(|| "-".to_owned(), |f| f.to_string());
     format!(
         "{:<32} {:<40} {:>10} {:>20} {:>7}",
-        l.key, holder, lease, fence, l.waiters
+        format!("{:?}", l.key),
+        holder,
+        lease,
+        fence,
+        l.waiters
     )
 }
 

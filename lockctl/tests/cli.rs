@@ -1,5 +1,6 @@
-//! The `lockctl` binary against a real redis-server: list, show, unlock --force, watch; and
-//! the URL's password never appears in its output.
+//! The `lockctl` binary against a real redis-server: list, show, unlock --force, watch; keys
+//! and owner records printed escaped; and the URL's password never appears in its output
+//! (every URL shape: `secrets.rs`).
 
 use std::process::Output;
 use std::time::Duration;
@@ -74,12 +75,12 @@ async fn list_show_unlock_and_watch() {
     assert!(lines[0].starts_with("KEY"));
     let pid = std::process::id().to_string();
     let job: Vec<&str> = lines[1].split_whitespace().collect();
-    assert_eq!(job[0], "job");
-    assert!(job[1].starts_with("reports@"), "{listed}");
+    assert_eq!(job[0], "\"job\"");
+    assert!(job[1].starts_with("\"reports\"@"), "{listed}");
     assert_eq!(job[2], pid);
     let stock: Vec<&str> = lines[2].split_whitespace().collect();
-    assert_eq!(stock[0], "stock:1");
-    assert!(stock[1].starts_with("billing@"), "{listed}");
+    assert_eq!(stock[0], "\"stock:1\"");
+    assert!(stock[1].starts_with("\"billing\"@"), "{listed}");
     assert_eq!(stock[4], g.fence().to_string(), "{listed}");
     assert_eq!(stock[5], "1", "one waiter: {listed}");
 
@@ -90,10 +91,10 @@ async fn list_show_unlock_and_watch() {
     assert!(out.status.success());
     let shown = text(&out);
     assert!(
-        shown.contains(&format!("instance id: {}", a.instance_id())),
+        shown.contains(&format!("instance id: \"{}\"", a.instance_id())),
         "{shown}"
     );
-    assert!(shown.contains("service:     billing"), "{shown}");
+    assert!(shown.contains("service:     \"billing\""), "{shown}");
     let out = run(&url, &["show", "nothing"]).await;
     assert_eq!(out.status.code(), Some(1));
 
@@ -113,7 +114,7 @@ async fn list_show_unlock_and_watch() {
     );
     assert!(handed < Duration::from_secs(2), "{handed:?}");
     let out = run(&url, &["show", "stock:1"]).await;
-    assert!(text(&out).contains("reports@"), "{}", text(&out));
+    assert!(text(&out).contains("\"reports\"@"), "{}", text(&out));
 
     // watch: the first look prints every lock, the next ones only changes.
     let url2 = url.clone();
@@ -127,8 +128,8 @@ async fn list_show_unlock_and_watch() {
     assert!(out.status.success(), "{out:?}");
     let watched = text(&out);
     println!("{watched}");
-    assert!(watched.contains("+ stock:1"), "{watched}");
-    assert!(watched.contains("- stock:1"), "{watched}");
+    assert!(watched.contains("+ \"stock:1\""), "{watched}");
+    assert!(watched.contains("- \"stock:1\""), "{watched}");
 }
 
 #[test]
@@ -142,4 +143,95 @@ fn passwords_never_appear() {
     );
     assert!(!all.contains("hunter2"), "{all}");
     assert!(all.contains("127.0.0.1"), "{all}");
+}
+
+/// Every control character in `text` but the line breaks lockctl itself writes.
+fn controls(text: &str) -> Vec<char> {
+    text.chars()
+        .filter(|c| c.is_control() && *c != '\n')
+        .collect()
+}
+
+/// A key, or an owner record written by something other than lockrt (lockrt cleans its own),
+/// holding a newline, a carriage return or a terminal escape cannot forge a row of `list` or
+/// `watch`, or a field of `show`: keys and owner fields are printed quoted and escaped, as
+/// lockrt's logs print keys (`Debug`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_owner_records_are_printed_escaped() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let locker = named(&url, "billing").await;
+    let opts = LockOptions::new().ttl(Duration::from_secs(60));
+    let evil = "evil\n\"forged\" \"x\"@\"h\" 1 1000ms 7 0\r\u{1b}[2J\u{7}";
+    let _evil = locker.acquire(evil, opts).await.unwrap();
+    let _plain = locker.acquire("plain", opts).await.unwrap();
+    let info = locker.lock_info("plain").await.unwrap().unwrap();
+    let owner = "1700000000000|svc\nFORGED ROW|host\u{1b}[31m|42|id\r\nservice:     forged";
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(format!("{{{}}}:owner", info.redis_key))
+        .arg(owner)
+        .arg("KEEPTTL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let out = run(&url, &["list"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let listed = text(&out);
+    println!("{listed}");
+    let rows: Vec<&str> = listed.lines().collect();
+    assert_eq!(rows.len(), 3, "a header and one row per lock:\n{listed}");
+    assert!(controls(&listed).is_empty(), "{:?}", controls(&listed));
+    let evil_row = rows
+        .iter()
+        .find(|r| r.starts_with("\"evil"))
+        .expect(&listed);
+    assert!(evil_row.starts_with(&format!("{evil:?}")), "{evil_row}");
+    let plain_row = rows
+        .iter()
+        .find(|r| r.starts_with("\"plain\""))
+        .expect(&listed);
+    assert!(
+        plain_row.contains(r#""svc\nFORGED ROW"@"host\u{1b}[31m" 42"#),
+        "{plain_row}"
+    );
+
+    let out = run(&url, &["show", "plain"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let shown = text(&out);
+    println!("{shown}");
+    assert!(controls(&shown).is_empty(), "{:?}", controls(&shown));
+    assert_eq!(
+        shown.lines().count(),
+        8,
+        "header, row, six fields:\n{shown}"
+    );
+    assert_eq!(
+        shown.lines().filter(|l| l.starts_with("service:")).count(),
+        1,
+        "one service line:\n{shown}"
+    );
+    assert!(
+        shown.contains(r#"service:     "svc\nFORGED ROW""#),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(r#"instance id: "id\r\nservice:     forged""#),
+        "{shown}"
+    );
+
+    let out = run(&url, &["watch", "--count", "1"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let watched = text(&out);
+    assert!(controls(&watched).is_empty(), "{:?}", controls(&watched));
+    assert_eq!(watched.lines().count(), 3, "{watched}");
+
+    let out = run(&url, &["show", "gone\n\u{1b}[2J"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out), "\"gone\\n\\u{1b}[2J\": not held\n");
 }
