@@ -55,6 +55,31 @@ async fn role(port: u16) -> String {
     }
 }
 
+/// The sentinel's clients: `(id, line)` of each (ids only grow).
+async fn sentinel_clients(g: &RedisSentinelGroup) -> Vec<(u64, String)> {
+    let mut sentinel = Raw::single(&url(g.sentinel_ports()[0])).await;
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut sentinel)
+        .await
+        .unwrap();
+    list.lines()
+        .filter_map(|l| {
+            let id = l.strip_prefix("id=")?.split(' ').next()?.parse().ok()?;
+            Some((id, l.to_owned()))
+        })
+        .collect()
+}
+
+/// Whether a client newer than `after` is subscribed and has sent `PING` (the test's own
+/// subscriptions never do): the watcher's.
+async fn watcher_pinging(g: &RedisSentinelGroup, after: u64) -> bool {
+    sentinel_clients(g)
+        .await
+        .iter()
+        .any(|(id, l)| *id > after && l.contains(" sub=1 ") && l.contains(" cmd=ping"))
+}
+
 /// A subscription of the test's own to the sentinel's `+switch-master`, directly.
 async fn switch_messages(g: &RedisSentinelGroup) -> redis::aio::PubSub {
     let client = redis::Client::open(url(g.sentinel_ports()[0])).unwrap();
@@ -127,6 +152,9 @@ async fn half_open_sentinel_connection_grants_no_split_brain() {
     let old = g.master_port().unwrap();
     let stale = Locker::builder()
         .sentinel([proxy.url()], SERVICE)
+        // A silent Sentinel connection is given up after a 500 ms keepalive and these two.
+        .connect_timeout(ms(500))
+        .response_timeout(ms(500))
         .build()
         .await
         .expect("locker through the proxy");
@@ -135,17 +163,15 @@ async fn half_open_sentinel_connection_grants_no_split_brain() {
     let probe = stale.acquire("probe", LockOptions::new()).await.unwrap();
     assert!(holds(old, "probe").await);
     probe.release().await.unwrap();
-    let mut sentinel = Raw::single(&url(g.sentinel_ports()[0])).await;
     let subscribed = within(ms(5_000), async || {
-        let clients: String = redis::cmd("CLIENT")
-            .arg("LIST")
-            .query_async(&mut sentinel)
+        sentinel_clients(&g)
             .await
-            .unwrap();
-        clients.lines().any(|l| l.contains("sub=1"))
+            .iter()
+            .any(|(_, l)| l.contains(" sub=1 "))
     })
     .await;
     assert!(subscribed.is_some(), "the watcher never subscribed");
+    let newest = sentinel_clients(&g).await.iter().map(|(id, _)| *id).max();
 
     let stalled = proxy.stall_existing();
     let stall = Instant::now();
@@ -170,19 +196,30 @@ async fn half_open_sentinel_connection_grants_no_split_brain() {
     let asked = stall.elapsed();
     let outcome = try_split(&stale, old).await;
     let old_role = role(old).await;
+    // The watcher noticed the silence and follows the Sentinel on a new connection.
+    let after_id = newest.unwrap_or(0);
+    let resubscribed = within(ms(5_000), async || watcher_pinging(&g, after_id).await)
+        .await
+        .map(|_| stall.elapsed());
     let after = proxy.counters();
     figure(
         "half_open_sentinel_connection_grants_no_split_brain",
         format!(
             "{stalled} proxy connections half-open; +switch-master announced {} after the stall; \
              stale locker asked {} after the stall: {outcome:?}; the demoted master was still a \
-             {old_role}; new connections through the proxy since the stall: {}",
+             {old_role}; the watcher subscribed anew and PINGed {} after the stall; new \
+             connections through the proxy since the stall: {}",
             ms_f(announced),
             ms_f(asked),
+            resubscribed.map_or("never (5 s)".into(), ms_f),
             after.accepted - before.accepted
         ),
     );
     assert_eq!(old_role, "master", "the window closed: nothing was shown");
+    assert!(
+        resubscribed.is_some(),
+        "the watcher never left its half-open connection"
+    );
     assert!(
         !matches!(outcome, Outcome::Granted { .. }),
         "split brain: the stale locker was granted `split` ({outcome:?}) while a healthy locker \

@@ -920,11 +920,12 @@ mod switch {
         }
 
         /// `PING`; on the answer, applies the messages that came before it and counts the
-        /// view as confirmed when the `PING` was sent. `false`: no answer in time.
+        /// view as confirmed when the `PING` was sent. `false`: no answer in time (a connect
+        /// and a response timeout, as for the subscription: a slow Sentinel is not dropped for
+        /// being slow, and meanwhile requests confirm the master themselves).
         async fn ping(&self, sink: &mut PubSubSink, messages: &mut PubSubStream) -> bool {
             let sent = Instant::now();
-            let pong =
-                tokio::time::timeout(self.shared.timeouts.response, sink.ping::<redis::Value>());
+            let pong = tokio::time::timeout(self.shared.limit(), sink.ping::<redis::Value>());
             match pong.await {
                 Ok(Ok(_)) => {}
                 // An error reply (an ACL without `+ping`) is an answer too.
