@@ -179,3 +179,133 @@ async fn force_unlock_revokes_at_once_on_a_cluster() {
     );
     assert!(slowest < ms(300), "{slowest:?}");
 }
+
+/// Bodies inside the critical section, and how long each overlap (two inside) lasted.
+#[derive(Default)]
+struct Tracker {
+    state: std::sync::Mutex<(u32, Option<Instant>, Vec<Duration>)>,
+}
+
+impl Tracker {
+    fn enter(self: &Arc<Self>) -> Inside {
+        let mut s = self.state.lock().unwrap();
+        s.0 += 1;
+        if s.0 == 2 {
+            s.1 = Some(Instant::now());
+        }
+        Inside(self.clone())
+    }
+}
+
+/// One body inside; leaves when dropped (returned or cancelled).
+struct Inside(Arc<Tracker>);
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock().unwrap();
+        if s.0 == 2
+            && let Some(start) = s.1.take()
+        {
+            s.2.push(start.elapsed());
+        }
+        s.0 -= 1;
+    }
+}
+
+/// Chaos: three lockers run sections on one key back to back while an operator force-unlocks
+/// it at seeded random moments for 15 s. Every forced holder is cancelled as the lock goes to
+/// the next: overlaps last milliseconds (a revoke message missed, for instance right after an
+/// acquisition before its locker listened, falls back to the renewal at ttl/3). Replay a seed
+/// with `LOCKRT_CHAOS_SEED=<seed>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow (15 s): cargo xtask chaos"]
+async fn chaos_force_unlock_during_sections() {
+    let seed: u64 = std::env::var("LOCKRT_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(11, |d| d.as_nanos() as u64)
+        });
+    println!("chaos_force_unlock_during_sections: seed {seed}");
+    // splitmix64: every pause replays from the seed.
+    let next = Arc::new(std::sync::Mutex::new(seed));
+    let below = move |n: u64| {
+        let mut x = next.lock().unwrap();
+        *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n
+    };
+    let server = RedisServer::start().expect("start redis-server");
+    let operator = Locker::connect(&server.url()).await.unwrap();
+    let tracker = Arc::new(Tracker::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let ttl = ms(3_000);
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        let locker = Locker::connect(&server.url()).await.unwrap();
+        let (tracker, stop, below) = (tracker.clone(), stop.clone(), below.clone());
+        workers.push(tokio::spawn(async move {
+            let (mut done, mut lost) = (0u32, 0u32);
+            while !stop.load(Ordering::SeqCst) {
+                let body_for = ms(100 + below(500));
+                let tracker = tracker.clone();
+                let res = locker
+                    .run("job", opts().ttl(ttl).wait(ms(30_000)), async move {
+                        let _inside = tracker.enter();
+                        tokio::time::sleep(body_for).await;
+                    })
+                    .await;
+                match res {
+                    Ok(()) => done += 1,
+                    Err(LockError::Lost { .. }) => lost += 1,
+                    Err(e) => panic!("seed {seed}: {e}"),
+                }
+            }
+            (done, lost)
+        }));
+    }
+    let start = Instant::now();
+    let mut forced = 0u32;
+    while start.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(ms(50 + below(350))).await;
+        if operator.force_unlock("job").await.unwrap() {
+            forced += 1;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (mut done, mut lost) = (0, 0);
+    for w in workers {
+        let (d, l) = tokio::time::timeout(ms(10_000), w)
+            .await
+            .expect("workers stop")
+            .unwrap();
+        done += d;
+        lost += l;
+    }
+    let mut overlaps = std::mem::take(&mut tracker.state.lock().unwrap().2);
+    overlaps.sort();
+    let max = overlaps.last().copied().unwrap_or_default();
+    let p95 = overlaps
+        .get(overlaps.len() * 95 / 100)
+        .copied()
+        .unwrap_or_default();
+    let slow = overlaps.iter().filter(|o| **o > ms(100)).count();
+    println!(
+        "FIGURE chaos_force_revoke: seed {seed}, {forced} forced unlocks, {done} sections ended, {lost} cancelled; {} overlaps, p95 {p95:?}, max {max:?}, {slow} over 100 ms (renewal fallback)",
+        overlaps.len()
+    );
+    assert!(forced >= 20, "seed {seed}: only {forced} forced unlocks");
+    assert!(
+        lost >= forced / 2,
+        "seed {seed}: {lost} cancelled of {forced} forced"
+    );
+    assert!(p95 < ms(50), "seed {seed}: overlaps p95 {p95:?}");
+    assert!(
+        max < ttl / 3 + ms(500),
+        "seed {seed}: an overlap of {max:?}"
+    );
+}
