@@ -534,6 +534,7 @@ impl Run {
             history::mono_ns()
         ));
         std::fs::create_dir_all(&dir).expect("scratch dir");
+        let exe = private_exe(&dir);
         let ns = format!("{case}-{seed}-{}", history::mono_ns());
         let key = format!("topo:{ns}");
         let workers = load
@@ -545,7 +546,8 @@ impl Run {
                     Target::Url(u) => ("url", u.clone()),
                     Target::Sentinels(s) => ("sentinel", s.join(",")),
                 };
-                Worker::spawn_interactive(
+                Worker::spawn_interactive_using(
+                    &exe,
                     "worker",
                     &[
                         ("topo", topo.to_owned()),
@@ -657,6 +659,17 @@ impl Run {
             workers: done,
         }
     }
+}
+
+/// This test binary, linked (or copied) into `dir`: a rebuild that replaces the binary while
+/// a schedule runs would make the next worker's spawn fail.
+fn private_exe(dir: &Path) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let private = dir.join("worker-exe");
+    if std::fs::hard_link(&exe, &private).is_err() {
+        std::fs::copy(&exe, &private).expect("copy of the test binary");
+    }
+    private
 }
 
 fn parse_section(line: &str) -> Option<Section> {

@@ -647,12 +647,20 @@ impl Worker {
     /// `@` on ([`expect_line`](Self::expect_line)), so each side waits for the other's
     /// event instead of sleeping.
     pub fn spawn_interactive(test: &str, settings: &[(&str, String)]) -> Worker {
+        let exe = std::env::current_exe().expect("test binary");
+        Worker::spawn_interactive_using(&exe, test, settings)
+    }
+
+    /// [`spawn_interactive`](Self::spawn_interactive), running the test binary at `exe` (a
+    /// private link or copy of it: a rebuild that replaces the binary while a long schedule
+    /// runs then cannot make later spawns fail).
+    pub fn spawn_interactive_using(exe: &Path, test: &str, settings: &[(&str, String)]) -> Worker {
         let spec = settings
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(";");
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        let mut child = Command::new(exe)
             .args([
                 "--exact",
                 test,
