@@ -215,3 +215,150 @@ async fn an_acknowledged_hand_over_reaches_the_waiter() {
         "hand-over fell back to the timer: {took:?}"
     );
 }
+
+/// Seeds to run: the one in `LOCKRT_CHAOS_SEED` if set, else `default`.
+fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    match std::env::var("LOCKRT_CHAOS_SEED") {
+        Ok(s) => vec![s.trim().parse().expect("LOCKRT_CHAOS_SEED is a number")],
+        Err(_) => default.into_iter().collect(),
+    }
+}
+
+/// A small deterministic generator (xorshift64*), one per seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
+    }
+}
+
+/// What one seed's run saw.
+struct Round {
+    /// Fences of every guard handed out, before and after the cut.
+    before: Vec<u64>,
+    after: Vec<u64>,
+    /// Acquires that failed (refused as unacknowledged, or timed out).
+    failed: usize,
+    /// The fence the promoted replica issued next.
+    next: u64,
+}
+
+/// Three lockers with `sync_replicas(1)` take turns on one lock (hand-overs all the time);
+/// at a random moment the replication link is cut, later the master dies and the replica is
+/// promoted. Every fence a guard was handed must be below the one the promoted replica
+/// issues next: a hand-over (or acquire) handed out without the replica's acknowledgement
+/// would repeat a fence.
+async fn hand_overs_cut_and_failed_over(seed: u64) -> Round {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut master = master();
+    let (replica, link) = replica_of(&master).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let cut = Arc::new(AtomicBool::new(false));
+    let handed: Arc<Mutex<(Vec<u64>, Vec<u64>, usize)>> = Arc::default();
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        let locker = synced(&master).await;
+        let (stop, cut, handed) = (stop.clone(), cut.clone(), handed.clone());
+        let hold = ms(rng.below(20));
+        workers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let opts = opts().ttl(ms(1_000)).wait(ms(1_000));
+                match locker.acquire("job", opts).await {
+                    Ok(g) => {
+                        {
+                            let mut h = handed.lock().unwrap();
+                            if cut.load(Ordering::SeqCst) {
+                                h.1.push(g.fence());
+                            } else {
+                                h.0.push(g.fence());
+                            }
+                        }
+                        tokio::time::sleep(hold).await;
+                        let _ = g.release().await;
+                    }
+                    Err(_) => handed.lock().unwrap().2 += 1,
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(ms(100 + rng.below(500))).await;
+    // Marked before the cut: a guard counted "before" was surely acknowledged.
+    cut.store(true, Ordering::SeqCst);
+    link.blackhole();
+    tokio::time::sleep(ms(200 + rng.below(600))).await;
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        tokio::time::timeout(ms(10_000), w)
+            .await
+            .expect("a worker did not stop")
+            .unwrap();
+    }
+    master.kill();
+    let mut promoted = conn_to(&replica).await;
+    let () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut promoted)
+        .await
+        .expect("REPLICAOF NO ONE");
+    let third = Locker::connect(&replica.url()).await.expect("third locker");
+    let next = third
+        .acquire("job", opts().wait(ms(5_000)))
+        .await
+        .expect("the promoted replica grants the lock")
+        .fence();
+    let (before, after, failed) = std::mem::take(&mut *handed.lock().unwrap());
+    Round {
+        before,
+        after,
+        failed,
+        next,
+    }
+}
+
+/// The chaos schedule of hand-overs under `sync_replicas` with the replication link cut at a
+/// random moment and a failover to the replica: no fence is handed out twice. Replay one seed
+/// with `LOCKRT_CHAOS_SEED=<seed>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos: run with cargo xtask chaos"]
+async fn chaos_hand_overs_repeat_no_fence_after_a_failover_to_the_replica() {
+    let mut failures = Vec::new();
+    for seed in seeds(1..=8) {
+        let r = hand_overs_cut_and_failed_over(seed).await;
+        let repeated: Vec<u64> = (r.before.iter().chain(&r.after))
+            .copied()
+            .filter(|&f| f >= r.next)
+            .collect();
+        figure(
+            "chaos_hand_overs_repeat_no_fence_after_a_failover_to_the_replica",
+            format!(
+                "seed {seed}: {} guards before the cut, {} after it, {} acquires failed; the \
+                 promoted replica's next fence {}: {} handed-out fences at or above it",
+                r.before.len(),
+                r.after.len(),
+                r.failed,
+                r.next,
+                repeated.len()
+            ),
+        );
+        assert!(
+            !r.before.is_empty(),
+            "seed {seed}: no hand-over before the cut"
+        );
+        if !repeated.is_empty() {
+            failures.push(format!(
+                "seed {seed} (replay: LOCKRT_CHAOS_SEED={seed}): fences {repeated:?} handed \
+                 out, the promoted replica issued {} next",
+                r.next
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
