@@ -180,6 +180,51 @@ async fn force_unlock_revokes_at_once_on_a_cluster() {
     assert!(slowest < ms(300), "{slowest:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_missed_while_the_subscriber_reconnects_is_found_once_it_is_back() {
+    // The holder's subscriber connection dies and cannot come back (the proxy refuses new
+    // connections) while the operator force-unlocks: nobody hears the message. Once the
+    // subscriber is back, the lease is checked at once instead of at the renewal 10 s in.
+    let server = RedisServer::start().expect("start redis-server");
+    let proxy = FaultProxy::in_front_of(&server).expect("start proxy");
+    let holder = Locker::connect(&proxy.url()).await.unwrap();
+    let operator = Locker::connect(&server.url()).await.unwrap();
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let ttl = ms(30_000);
+    let g = holder.acquire("gap", opts().ttl(ttl)).await.unwrap();
+    support::until_listening_for_revocations(&mut conn, 1).await;
+    proxy.refuse_new(true);
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "the holder's subscriber");
+    let start = Instant::now();
+    assert!(operator.force_unlock("gap").await.unwrap());
+    assert_eq!(
+        support::numsub(&mut conn, "{lock:}:revoke").await,
+        0,
+        "nobody heard the revocation"
+    );
+    assert!(!g.is_lost());
+    proxy.refuse_new(false);
+    tokio::time::timeout(ms(5_000), g.lost())
+        .await
+        .expect("found once the subscriber is back, not at the renewal a third into the lease");
+    let lost = start.elapsed();
+    println!(
+        "FIGURE force_revoke_missed: revocation published while the subscriber was down; lease lost {lost:?} after it (ttl {ttl:?}, renewal at ttl/3)"
+    );
+    assert!(lost < ms(3_000), "{lost:?}");
+}
+
 /// Bodies inside the critical section, and how long each overlap (two inside) lasted.
 #[derive(Default)]
 struct Tracker {

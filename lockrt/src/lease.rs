@@ -267,6 +267,21 @@ impl Holders for Shared {
             }
         }
     }
+
+    fn resubscribed(&self) {
+        let now = Instant::now();
+        let mut t = self.table();
+        let mut due = false;
+        for st in t.leases.values_mut().filter(|st| st.renews()) {
+            st.next_renew = now;
+            due = true;
+        }
+        if due {
+            t.next_scan = Some(now);
+            drop(t);
+            self.wake.notify_one();
+        }
+    }
 }
 
 #[derive(Default)]

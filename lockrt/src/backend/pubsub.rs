@@ -16,8 +16,10 @@
 //! never empty): a forced unlock publishes there the token it took the lock from, and the task
 //! hands it to the lease monitors ([`Holders`]), which declare that lease lost at once. One
 //! subscription per locker, made in the background when it takes its first lock and kept
-//! `LINGER` after its last; a message missed (not yet subscribed, a lost connection, an ACL
-//! without the channel) leaves the loss to the holder's next renewal.
+//! `LINGER` after its last. After a lost connection, the monitors renew every lease as soon as
+//! the channel is subscribed again (a revocation may have been published meanwhile); a message
+//! missed otherwise (not yet subscribed right after the first lock, an ACL without the
+//! channel) leaves the loss to the holder's next renewal.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -59,6 +61,10 @@ pub(crate) trait Events: Send + Sync {
 pub(crate) trait Holders: Send + Sync {
     /// The lock held with owner token `token` was force-unlocked: its lease is lost now.
     fn revoke(&self, token: &str);
+    /// The revoke channel is listened to again after a lost connection: a revocation published
+    /// meanwhile was missed, so every lease is checked now (renewed) rather than at its next
+    /// renewal.
+    fn resubscribed(&self);
 }
 
 /// The revoke channel of the locks under `key`'s prefix: `{<prefix>}:revoke`. A lock's own
@@ -101,14 +107,21 @@ impl Revocations {
         held.values().any(|(c, n)| *n > 0 && &**c == channel)
     }
 
+    fn holders(&self) -> Vec<Arc<dyn Holders>> {
+        let mut h = self.holders.lock().unwrap_or_else(|p| p.into_inner());
+        h.retain(|w| w.strong_count() > 0);
+        h.iter().filter_map(Weak::upgrade).collect()
+    }
+
     fn revoke(&self, token: &str) {
-        let holders: Vec<Arc<dyn Holders>> = {
-            let mut h = self.holders.lock().unwrap_or_else(|p| p.into_inner());
-            h.retain(|w| w.strong_count() > 0);
-            h.iter().filter_map(Weak::upgrade).collect()
-        };
-        for h in holders {
+        for h in self.holders() {
             h.revoke(token);
+        }
+    }
+
+    fn resubscribed(&self) {
+        for h in self.holders() {
+            h.resubscribed();
         }
     }
 }
@@ -344,6 +357,9 @@ struct Task {
     revoke_lingering: HashMap<Arc<str>, Instant>,
     /// Revoke channels the server refused on this connection (an ACL): not asked again on it.
     revoke_refused: HashSet<Arc<str>>,
+    /// A revoke channel was subscribed on a connection since lost: messages may have been
+    /// missed until it is subscribed again.
+    revoke_gap: bool,
 }
 
 impl Task {
@@ -363,6 +379,7 @@ impl Task {
             revoke_subscribed: HashSet::new(),
             revoke_lingering: HashMap::new(),
             revoke_refused: HashSet::new(),
+            revoke_gap: false,
         }
     }
 
@@ -538,6 +555,9 @@ impl Task {
             Ok(Ok(())) => {
                 self.revoke_subscribed.insert(channel.clone());
                 self.heard = Instant::now();
+                if std::mem::take(&mut self.revoke_gap) {
+                    self.revocations.resubscribed();
+                }
             }
             Ok(Err(e)) => {
                 let refused = SubError::Redis(e);
@@ -599,6 +619,7 @@ impl Task {
         self.conn = None;
         self.subscribed.clear();
         self.lingering.clear();
+        self.revoke_gap |= !self.revoke_subscribed.is_empty();
         self.revoke_subscribed.clear();
         self.revoke_lingering.clear();
         self.revoke_refused.clear();
@@ -657,6 +678,7 @@ impl Task {
 
     async fn connect(&mut self) -> Result<(), SubError> {
         self.subscribed.clear();
+        self.revoke_gap |= !self.revoke_subscribed.is_empty();
         self.revoke_subscribed.clear();
         self.revoke_refused.clear();
         let round = self.round;
