@@ -122,8 +122,11 @@ impl LockerBuilder {
     }
 
     /// The master of `service` as these Sentinels name it (feature `sentinel`). The master is
-    /// resolved again whenever a connection fails or finds a demoted master, so locks follow a
-    /// failover. The sentinel URLs' credentials and TLS mode are used for the master too, and
+    /// resolved again whenever a connection fails or finds a demoted master, or the Sentinels
+    /// announce a switch, so locks follow a failover. A locker that has heard no Sentinel for
+    /// a second (its listening connection half-open, say) asks them before its next request,
+    /// and fails that request with a retryable error when none answers, rather than take a
+    /// lock on a master that may have been replaced. The sentinel URLs' credentials and TLS mode are used for the master too, and
     /// so are [`tls_ca_pem`](Self::tls_ca_pem) and
     /// [`tls_client_cert_pem`](Self::tls_client_cert_pem).
     ///
