@@ -237,6 +237,7 @@ impl Rng {
 }
 
 /// What one seed's run saw.
+#[derive(Default)]
 struct Round {
     /// Fences of every guard handed out, before and after the cut.
     before: Vec<u64>,
@@ -261,7 +262,7 @@ async fn hand_overs_cut_and_failed_over(seed: u64) -> Round {
     let (replica, link) = replica_of(&master).await;
     let stop = Arc::new(AtomicBool::new(false));
     let cut = Arc::new(AtomicBool::new(false));
-    let handed: Arc<Mutex<(Vec<u64>, Vec<u64>, usize)>> = Arc::default();
+    let handed: Arc<Mutex<Round>> = Arc::default();
     let mut workers = Vec::new();
     for _ in 0..3 {
         let locker = synced(&master).await;
@@ -275,15 +276,15 @@ async fn hand_overs_cut_and_failed_over(seed: u64) -> Round {
                         {
                             let mut h = handed.lock().unwrap();
                             if cut.load(Ordering::SeqCst) {
-                                h.1.push(g.fence());
+                                h.after.push(g.fence());
                             } else {
-                                h.0.push(g.fence());
+                                h.before.push(g.fence());
                             }
                         }
                         tokio::time::sleep(hold).await;
                         let _ = g.release().await;
                     }
-                    Err(_) => handed.lock().unwrap().2 += 1,
+                    Err(_) => handed.lock().unwrap().failed += 1,
                 }
             }
         }));
@@ -314,13 +315,9 @@ async fn hand_overs_cut_and_failed_over(seed: u64) -> Round {
         .await
         .expect("the promoted replica grants the lock")
         .fence();
-    let (before, after, failed) = std::mem::take(&mut *handed.lock().unwrap());
-    Round {
-        before,
-        after,
-        failed,
-        next,
-    }
+    let mut round = std::mem::take(&mut *handed.lock().unwrap());
+    round.next = next;
+    round
 }
 
 /// The chaos schedule of hand-overs under `sync_replicas` with the replication link cut at a
