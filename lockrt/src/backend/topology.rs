@@ -942,28 +942,96 @@ mod switch {
             true
         }
 
-        /// `"<service> <old ip> <old port> <new ip> <new port>"`: this service's new master.
+        /// A `+switch-master` message: this service's new master.
         fn on_message(&self, msg: &redis::Msg) {
-            let payload = String::from_utf8_lossy(msg.get_payload_bytes());
-            let fields: Vec<&str> = payload.split(' ').collect();
-            if fields.first() != Some(&self.shared.service.as_str()) {
-                return;
-            }
-            let new = fields
-                .get(3)
-                .zip(fields.get(4).and_then(|p| p.parse::<u16>().ok()));
-            match new {
-                Some((host, port)) => {
+            match new_master(&self.shared.service, msg.get_payload_bytes()) {
+                None => {}
+                Some(Some(master)) => {
                     tracing::info!(service = %self.shared.service, "the Sentinels switched the master");
-                    self.shared
-                        .observe(((*host).to_owned(), port), Instant::now());
+                    self.shared.observe(master, Instant::now());
                 }
                 // Unreadable: count it as a switch, so every connection resolves anew.
-                None => {
+                Some(None) => {
                     self.shared.epoch.send_modify(|e| *e += 1);
                     self.shared.view().confirmed = None;
                 }
             }
+        }
+    }
+
+    /// The new master in a `+switch-master` payload, `"<service> <old ip> <old port> <new ip>
+    /// <new port>"`: `None` for another service, `Some(None)` when unreadable.
+    fn new_master(service: &str, payload: &[u8]) -> Option<Option<Addr>> {
+        let payload = String::from_utf8_lossy(payload);
+        let fields: Vec<&str> = payload.split(' ').collect();
+        if fields.first() != Some(&service) {
+            return None;
+        }
+        let port = fields.get(4).and_then(|p| p.parse::<u16>().ok());
+        Some(fields.get(3).zip(port).map(|(h, p)| ((*h).to_owned(), p)))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn shared() -> Shared {
+            let timeouts = Timeouts {
+                connect: Duration::from_secs(1),
+                response: Duration::from_secs(1),
+            };
+            Shared {
+                sentinels: vec![Client::open("redis://127.0.0.1:1/").unwrap()],
+                service: "locks".into(),
+                timeouts,
+                epoch: watch::Sender::new(0),
+                view: Mutex::new(View::default()),
+            }
+        }
+
+        fn addr(port: u16) -> Addr {
+            ("10.0.0.1".into(), port)
+        }
+
+        #[test]
+        fn switch_messages_name_the_new_master_of_this_service_only() {
+            let msg = b"locks 10.0.0.1 6379 10.0.0.2 6380";
+            assert_eq!(
+                new_master("locks", msg),
+                Some(Some(("10.0.0.2".into(), 6380)))
+            );
+            assert_eq!(new_master("other", msg), None);
+            assert_eq!(new_master("lock", msg), None, "a prefix is another service");
+            assert_eq!(new_master("locks", b"locks 10.0.0.1 6379"), Some(None));
+            assert_eq!(new_master("locks", b"locks a b c notaport"), Some(None));
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn only_another_master_starts_an_epoch_and_views_expire() {
+            let s = shared();
+            assert!(s.is_confirmed(), "no master resolved yet: nothing to doubt");
+            s.heard(Instant::now());
+            assert!(
+                s.view().confirmed.is_none(),
+                "a PING confirms no unknown master"
+            );
+            s.observe(addr(1), Instant::now());
+            s.observe(addr(1), Instant::now());
+            assert_eq!(*s.epoch.borrow(), 0, "the same master is no switch");
+            assert!(s.is_confirmed());
+            tokio::time::advance(CONFIRMED_FOR).await;
+            assert!(!s.is_confirmed(), "a second without a Sentinel's word");
+            s.heard(Instant::now());
+            assert!(s.is_confirmed(), "a PING answered confirms the master");
+            s.observe(addr(2), Instant::now());
+            assert_eq!(*s.epoch.borrow(), 1, "another master is a switch");
+            // An answer sent before a fresher one does not make the view older.
+            let old = Instant::now();
+            tokio::time::advance(Duration::from_millis(500)).await;
+            s.heard(Instant::now());
+            s.observe(addr(2), old);
+            tokio::time::advance(Duration::from_millis(700)).await;
+            assert!(s.is_confirmed());
         }
     }
 }
