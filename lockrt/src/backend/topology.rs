@@ -621,6 +621,8 @@ mod switch {
     struct View {
         master: Option<Addr>,
         confirmed: Option<Instant>,
+        /// The master the watcher's Sentinel named last: its `PING`s vouch for no other.
+        named: Option<Addr>,
         /// When the last confirmation failed, and why: the requests that waited for it fail
         /// with it rather than each asking again (and waiting as long) in turn.
         failed: Option<(Instant, Unconfirmed)>,
@@ -644,7 +646,17 @@ mod switch {
         /// A Sentinel named `master` in answer to a question sent at `at`. Another master than
         /// the current connections reach starts a new epoch.
         fn observe(&self, master: Addr, at: Instant) {
+            self.observe_in(&mut self.view(), master, at);
+        }
+
+        /// [`observe`](Self::observe), by the Sentinel the watcher listens to.
+        fn named(&self, master: Addr, at: Instant) {
             let mut view = self.view();
+            view.named = Some(master.clone());
+            self.observe_in(&mut view, master, at);
+        }
+
+        fn observe_in(&self, view: &mut View, master: Addr, at: Instant) {
             match &view.master {
                 Some(m) if *m != master => {
                     tracing::info!(service = %self.service, "the Sentinels name another master; reconnecting");
@@ -657,10 +669,11 @@ mod switch {
         }
 
         /// The Sentinel the watcher listens to answered a `PING` sent at `at`, after every
-        /// message before it was applied: the view holds as of `at`.
+        /// message before it was applied: the view holds as of `at`, if that Sentinel names
+        /// the same master (while Sentinels disagree, a resolution may have gone elsewhere).
         fn heard(&self, at: Instant) {
             let mut view = self.view();
-            if view.master.is_some() {
+            if view.master.is_some() && view.master == view.named {
                 view.confirmed = Some(view.confirmed.map_or(at, |c| c.max(at)));
             }
         }
@@ -886,7 +899,7 @@ mod switch {
                 .unwrap_or_else(|_| Err(timed_out()))?;
             let sent = Instant::now();
             let master = self.shared.ask(sentinel).await?;
-            self.shared.observe(master, sent);
+            self.shared.named(master, sent);
             Ok((sink, stream))
         }
 
@@ -948,12 +961,14 @@ mod switch {
                 None => {}
                 Some(Some(master)) => {
                     tracing::info!(service = %self.shared.service, "the Sentinels switched the master");
-                    self.shared.observe(master, Instant::now());
+                    self.shared.named(master, Instant::now());
                 }
                 // Unreadable: count it as a switch, so every connection resolves anew.
                 Some(None) => {
                     self.shared.epoch.send_modify(|e| *e += 1);
-                    self.shared.view().confirmed = None;
+                    let mut view = self.shared.view();
+                    view.confirmed = None;
+                    view.named = None;
                 }
             }
         }
@@ -1016,14 +1031,14 @@ mod switch {
                 "a PING confirms no unknown master"
             );
             s.observe(addr(1), Instant::now());
-            s.observe(addr(1), Instant::now());
+            s.named(addr(1), Instant::now());
             assert_eq!(*s.epoch.borrow(), 0, "the same master is no switch");
             assert!(s.is_confirmed());
             tokio::time::advance(CONFIRMED_FOR).await;
             assert!(!s.is_confirmed(), "a second without a Sentinel's word");
             s.heard(Instant::now());
             assert!(s.is_confirmed(), "a PING answered confirms the master");
-            s.observe(addr(2), Instant::now());
+            s.named(addr(2), Instant::now());
             assert_eq!(*s.epoch.borrow(), 1, "another master is a switch");
             // An answer sent before a fresher one does not make the view older.
             let old = Instant::now();
@@ -1032,6 +1047,16 @@ mod switch {
             s.observe(addr(2), old);
             tokio::time::advance(Duration::from_millis(700)).await;
             assert!(s.is_confirmed());
+            // A resolution through a Sentinel that still names the old master: the watcher's
+            // Sentinel, which names another, no longer vouches for the view.
+            s.observe(addr(1), Instant::now());
+            assert_eq!(*s.epoch.borrow(), 2);
+            tokio::time::advance(CONFIRMED_FOR).await;
+            s.heard(Instant::now());
+            assert!(
+                !s.is_confirmed(),
+                "vouched for a master its Sentinel does not name"
+            );
         }
     }
 }
