@@ -15,10 +15,10 @@
 -- another owner holds it; {rid, 0, -3, counter} when the lock is free but promised to an
 -- earlier waiter; {rid, 0, -4, counter} when ARGV[2]'s acquisition was abandoned (see KEYS[6]);
 -- {rid, 0, -5, counter} when the lock is free but the queue's head is not known yet (64 lapsed
--- registrations were dropped and more may follow: ask again at once). `counter` is the fencing counter's value, -1 when it does not exist: a grant
--- to ARGV[2] with a fence not above a known counter is stale (its lease ran out before this
--- call, or this call would have found ARGV[2] holding the lock), and with the counter unknown
--- a grant must be confirmed by another call.
+-- registrations were dropped and more may follow: ask again at once). `counter` is the fencing
+-- counter's value, -1 when it does not exist: a grant to ARGV[2] with a fence not above a known
+-- counter is stale (its lease ran out before this call, or this call would have found ARGV[2]
+-- holding the lock), and with the counter unknown a grant must be confirmed by another call.
 -- KEYS[5] (optional): the owner key `{lock}:owner`; ARGV[7] the acquirer's identity, kept there
 -- (see `take_lock`) and, while it waits, in KEYS[4] under field "o:<token>" for a hand-over.
 -- KEYS[6]: `{lock}:done:<token>`, which release.lua sets to 'a' when ARGV[2]'s acquisition was
@@ -45,8 +45,8 @@ local function enqueue()
   if not redis.call('ZSCORE', KEYS[3], token) then
     redis.call('ZADD', KEYS[3], now_us(), token)
   end
-  redis.call('HSET', KEYS[4], token,
-    string.format('%.0f', now_ms() + reg) .. ':' .. ARGV[6] .. ':' .. string.format('%.0f', now_us()))
+  local expiry, at = string.format('%.0f', now_ms() + reg), string.format('%.0f', now_us())
+  redis.call('HSET', KEYS[4], token, expiry .. ':' .. ARGV[6] .. ':' .. at)
   if KEYS[5] then redis.call('HSET', KEYS[4], 'o:' .. token, owner_text(ARGV[7])) end
   redis.call('PEXPIRE', KEYS[3], reg * 2)
   redis.call('PEXPIRE', KEYS[4], reg * 2)

@@ -6,9 +6,10 @@
 -- registered, and "g:<token>:<fence>:<µs>" is published on channel ARGV[3], <µs> the server
 -- time since that waiter's latest attempt (absent for a registration without it), so the
 -- waiter can count its lease from when it was granted; otherwise "r" when stale registrations
--- were dropped (also when more may remain: the waiters' own attempts drop the rest). With nobody queued nothing is published: every waiter
--- joins the queue in the same script call that finds the lock busy, so an empty queue means
--- no waiter to wake (one whose registration went stale still retries on its own timer).
+-- were dropped (also when more may remain: the waiters' own attempts drop the rest). With
+-- nobody queued nothing is published: every waiter joins the queue in the same script call
+-- that finds the lock busy, so an empty queue means no waiter to wake (one whose registration
+-- went stale still retries on its own timer).
 -- PUBLISH may be denied (an ACL without channel rights): the release and hand-over have
 -- happened by then and stand; waiters fall back to their timed retry.
 -- KEYS[5] (optional): the owner key, deleted with the lock; a hand-over writes the waiter's
