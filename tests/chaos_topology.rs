@@ -661,12 +661,13 @@ impl Run {
     }
 }
 
-/// This test binary, linked (or copied) into `dir`: a rebuild that replaces the binary while
-/// a schedule runs would make the next worker's spawn fail.
+/// A copy of this test binary in `dir`, for the workers: a rebuild that replaces the binary
+/// while the schedules run must not make later spawns fail. Copied from `/proc/self/exe`,
+/// which still opens this process's own binary after the file was replaced.
 fn private_exe(dir: &Path) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
     let private = dir.join("worker-exe");
-    if std::fs::hard_link(&exe, &private).is_err() {
+    if std::fs::copy("/proc/self/exe", &private).is_err() {
+        let exe = std::env::current_exe().expect("test binary");
         std::fs::copy(&exe, &private).expect("copy of the test binary");
     }
     private
