@@ -1,8 +1,8 @@
 //! `sync_replicas` covers hand-overs: a lock a release hands straight to a queued waiter
 //! counts only once a replica acknowledged it, exactly as a lock taken by a direct acquire.
-//! Tried on a master with one replica whose link is cut (a proxy on the replication link that forwards nothing),
-//! then failed over to that replica: no waiter holds a lock the replica never saw, so no fence
-//! is issued twice.
+//! Tried on a master with one replica whose link is cut (a proxy on the replication link that
+//! forwards nothing), then failed over to that replica: no waiter holds a lock the replica
+//! never saw, so no fence is issued twice.
 
 mod support;
 

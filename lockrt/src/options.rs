@@ -132,9 +132,10 @@ impl LockOptions {
     /// Longest time the lock may be held, counted from when this caller got it (when the
     /// reply, or the message of a release that handed it over, arrived): after it the watchdog
     /// stops renewing and the holder is told it lost the lock
-    /// ([`LockGuard::lost`](crate::LockGuard::lost) resolves, `run` drops the body and returns [`LockError::Lost`](crate::LockError::Lost)). Default: the
-    /// locker's (none unless set on the builder), so a forgotten guard or a hung body cannot
-    /// keep a lock forever when one is set.
+    /// ([`LockGuard::lost`](crate::LockGuard::lost) resolves, `run` drops the body and returns
+    /// [`LockError::Lost`](crate::LockError::Lost)). Default: the locker's (none unless set on
+    /// the builder), so a forgotten guard or a hung body cannot keep a lock forever when one
+    /// is set.
     ///
     /// ```
     /// # use std::time::Duration;
