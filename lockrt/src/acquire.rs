@@ -264,6 +264,8 @@ impl<'a> Acquisition<'a> {
         let mut backoff = self.backoff();
         let mut late = 0;
         let mut pruning = 0;
+        // A try whose outcome is unknown may still land later (held up in the network).
+        let mut uncertain = false;
         loop {
             let sent = Instant::now();
             pending.armed = true;
@@ -297,8 +299,9 @@ impl<'a> Acquisition<'a> {
                         Attempt::Held { pttl, counter } => (pttl, counter),
                         _ => (None, None),
                     };
-                    // Nothing of ours is left in Redis but a queue place, if we took one.
-                    pending.armed = self.queue.is_some();
+                    // Nothing of ours is left in Redis but a queue place, if we took one, and
+                    // whatever an earlier try still in the network may take when it lands.
+                    pending.armed = self.queue.is_some() || uncertain;
                     *seen = Seen {
                         sent: Some(sent),
                         pttl,
@@ -306,7 +309,7 @@ impl<'a> Acquisition<'a> {
                     };
                     return Ok(None);
                 }
-                Err(e) if backoff.retry(&e).await => {}
+                Err(e) if backoff.retry(&e).await => uncertain = true,
                 Err(e) => return Err(self.failed(e)),
             }
         }

@@ -195,6 +195,8 @@ struct Release {
 
 impl Release {
     async fn run(&mut self) -> Result<Released, BackendError> {
+        // `shutdown` waits for a release under way, also one awaited in the foreground.
+        let _under_way = self.locker.inner.cleanups.token();
         self.monitor.remove(self.info.id);
         let res = end_lease(self.locker.backend(), &self.info).await;
         if matches!(res, Ok(Released::Freed)) {
@@ -266,8 +268,8 @@ const LOST_AT_RELEASE: &str = "the release found the lock gone or held by anothe
      (expired, force-unlocked, or lost by a server restart or failover)";
 
 /// Ends a lease in Redis: with `min_hold` not yet reached the lock is kept (owner-checked)
-/// until then, otherwise released by token; both retried a few times when their outcome is
-/// unknown. Success only when this token's own release provably happened: a retry finds the
+/// until then, otherwise released by token; both leave a proof and are retried a few times
+/// when their outcome is unknown. Success only when this token's own release provably happened: a retry finds the
 /// proof its first try left, and "not ours" without it is `NotOwner` (the lock expired, was
 /// force-unlocked, or the server restarted: another owner may have held it meanwhile).
 /// Used by a guard's release and by `Locker::shutdown`.
@@ -283,35 +285,15 @@ pub(crate) async fn end_lease(
         Duration::from_millis(100),
         RELEASE_RETRIES,
     );
-    let keep = info.keep_until.filter(|k| *k > Instant::now());
+    let keep_until = info.keep_until.filter(|k| *k > Instant::now());
     loop {
-        let res = match keep {
-            Some(keep) => keep_until(backend, info, keep).await,
-            None => backend.release(&info.key, &info.token).await,
-        };
-        match res {
+        let keep = keep_until
+            .map(|k| k.saturating_duration_since(Instant::now()))
+            .filter(|d| !d.is_zero());
+        match backend.release(&info.key, &info.token, keep).await {
             Err(e) if backoff.retry(&e).await => {}
             res => return res,
         }
-    }
-}
-
-/// `min_hold`: instead of deleting, shorten the lease (owner-checked) to end at `keep`, so
-/// nobody takes the lock sooner. Repeating it is harmless, so a retry needs no proof.
-async fn keep_until(
-    backend: &crate::backend::Backend,
-    info: &LeaseInfo,
-    keep: Instant,
-) -> Result<Released, BackendError> {
-    let renewal = crate::backend::Renewal {
-        lock: info.key.lock(),
-        token: &info.token,
-        lease: keep.saturating_duration_since(Instant::now()),
-    };
-    match backend.renew(&[renewal]).await.into_iter().next() {
-        Some(Ok(true)) => Ok(Released::Freed),
-        Some(Ok(false)) | None => Ok(Released::NotOwner),
-        Some(Err(e)) => Err(e),
     }
 }
 

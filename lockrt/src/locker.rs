@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::LockError;
 use crate::backend::{Backend, Released};
 use crate::key::LockKey;
-use crate::lease::Monitor;
+use crate::lease::{LeaseInfo, Monitor};
 use crate::options::Wait;
 use crate::wait::Notifier;
 
@@ -295,34 +295,18 @@ impl Locker {
             monitors.drain(..).flat_map(|(_, m)| m.drain()).collect()
         };
         let bound = self.inner.settings.shutdown_bound;
-        let releases = leases.iter().map(|lease| async move {
+        let released = leases.len();
+        for lease in leases {
             // The lease stops protecting anything now, whatever the server says.
             lease.lost.cancel();
-            let res = tokio::time::timeout(
-                bound,
-                crate::guard::end_lease(&self.inner.backend, lease),
-            )
-            .await;
-            match res {
-                Ok(Ok(Released::Freed | Released::HandedOver)) => {
-                    lease.released.store(true, Ordering::Release);
-                    self.wake(&lease.key.tag);
-                }
-                // Not ours any more: a loss, which the guard's own release reports too.
-                Ok(Ok(Released::NotOwner)) => crate::lease::declare_lost(
-                    lease,
-                    "shutdown found the lock gone or held by another owner",
-                ),
-                Ok(Err(e)) => {
-                    tracing::warn!(key = ?&*lease.key.user, error = %e, "shutdown could not release the lock; its lease will expire")
-                }
-                Err(_) => {
-                    tracing::warn!(key = ?&*lease.key.user, bound_ms = bound.as_millis() as u64, "shutdown gave up waiting for a release; the lock's lease will expire")
-                }
-            }
-            lease.leave_turn();
-        });
-        futures_util::future::join_all(releases).await;
+            // Tracked tasks, not futures of this call: a shutdown cut short (called from
+            // inside a section whose lease this cancels) or a second caller still leaves them
+            // to finish, and waits for them below.
+            let locker = self.clone();
+            self.inner
+                .cleanups
+                .spawn(async move { locker.release_for_shutdown(&lease, bound).await });
+        }
         // Releases of dropped guards and sections still under way, and acquisitions that gave
         // up (their queue place, or a lock a release handed them in that instant): all finish
         // before the process may exit.
@@ -337,7 +321,30 @@ impl Locker {
                 "shutdown gave up waiting for background releases; their leases will expire"
             );
         }
-        tracing::debug!(released = leases.len(), "locker shut down");
+        tracing::debug!(released, "locker shut down");
+    }
+
+    /// One lease drained by `shutdown`: released (or kept until `min_hold`), bounded.
+    async fn release_for_shutdown(&self, lease: &LeaseInfo, bound: Duration) {
+        let res = tokio::time::timeout(bound, crate::guard::end_lease(&self.inner.backend, lease));
+        match res.await {
+            Ok(Ok(Released::Freed | Released::HandedOver)) => {
+                lease.released.store(true, Ordering::Release);
+                self.wake(&lease.key.tag);
+            }
+            // Not ours any more: a loss, which the guard's own release reports too.
+            Ok(Ok(Released::NotOwner)) => crate::lease::declare_lost(
+                lease,
+                "shutdown found the lock gone or held by another owner",
+            ),
+            Ok(Err(e)) => {
+                tracing::warn!(key = ?&*lease.key.user, error = %e, "shutdown could not release the lock; its lease will expire")
+            }
+            Err(_) => {
+                tracing::warn!(key = ?&*lease.key.user, bound_ms = bound.as_millis() as u64, "shutdown gave up waiting for a release; the lock's lease will expire")
+            }
+        }
+        lease.leave_turn();
     }
 
     pub(crate) fn note_held(&self) {

@@ -196,8 +196,16 @@ impl Locker {
             lease: guard.lease().clone(),
         };
         let lease = guard.lease().clone();
-        // On `Err` (cancelled by a loss) the guard is dropped, which releases in the background.
-        let (output, lost) = hold(key, &lease, opts.on_lost, context::within(held, fut)).await?;
+        let (output, lost) = match hold(key, &lease, opts.on_lost, context::within(held, fut)).await
+        {
+            Ok(out) => out,
+            Err(e) => {
+                // Cancelled by a loss: the guard's drop releases in the background.
+                drop(guard);
+                self.settle_shutdown().await;
+                return Err(e);
+            }
+        };
         let lost = lost || lease.is_lost();
         let released = guard.release_outcome().await;
         let lost = lost || matches!(released, Ok(Released::NotOwner));
@@ -206,6 +214,18 @@ impl Locker {
             tracing::warn!(key = ?key, error = %e, "release after the critical section failed");
         }
         Ok(checked((output, lost)))
+    }
+}
+
+impl Locker {
+    /// When `shutdown` ended the section (its body may be the one that called it, and was
+    /// dropped with that call), the releases shutdown started finish before the section
+    /// returns, so a caller that exits after it leaves no lock behind. Bounded.
+    async fn settle_shutdown(&self) {
+        if self.inner.closing.is_cancelled() {
+            let bound = self.inner.settings.shutdown_bound;
+            let _ = tokio::time::timeout(bound, self.inner.cleanups.wait()).await;
+        }
     }
 }
 

@@ -149,18 +149,11 @@ impl Backend {
     }
 
     /// Renews each lease if its token still owns it: one outcome per lease, so a failure
-    /// affects only the leases it concerns. All of `batch` is of one [`renewal_group`].
+    /// affects only the leases it concerns. All of `batch` is of one [`renewal_group`]. On
+    /// Redis, a call still unanswered at `hedge_at` is sent again at once on a fresh
+    /// connection (see `RedisBackend::renew_hedged`).
     ///
     /// [`renewal_group`]: Backend::renewal_group
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Vec<Renewed> {
-        match self {
-            Backend::Redis(b) => b.renew(batch).await,
-            Backend::Memory(b) => b.renew(batch).into_iter().map(Ok).collect(),
-        }
-    }
-
-    /// [`renew`](Backend::renew), sent again at once on a fresh connection when it is still
-    /// unanswered at `hedge_at` (Redis; see `RedisBackend::renew_hedged`).
     pub(crate) async fn renew_hedged(
         &self,
         batch: &[Renewal<'_>],
@@ -173,18 +166,32 @@ impl Backend {
     }
 
     /// Releases the lock if `token` owns it (handing it to a queued waiter, if any), and
-    /// takes `token` out of the waiter queue either way.
+    /// takes `token` out of the waiter queue either way. With `keep` (`min_hold`), the lock
+    /// stays taken by `token` for that long instead. Success (also of a retry whose first
+    /// try's reply was lost) only when this token's own release provably happened.
     pub(crate) async fn release(
         &self,
         key: &LockKey,
         token: &Token,
+        keep: Option<Duration>,
     ) -> Result<Released, BackendError> {
         match self {
-            Backend::Redis(b) => b.release(key, token).await,
-            Backend::Memory(b) => Ok(if b.release(key, token) {
-                Released::Freed
-            } else {
-                Released::NotOwner
+            Backend::Redis(b) => b.release(key, token, keep).await,
+            Backend::Memory(b) => Ok(match keep {
+                Some(keep) => {
+                    let renewal = Renewal {
+                        lock: key.lock(),
+                        token,
+                        lease: keep,
+                    };
+                    if b.renew(&[renewal]).first() == Some(&true) {
+                        Released::Freed
+                    } else {
+                        Released::NotOwner
+                    }
+                }
+                None if b.release(key, token) => Released::Freed,
+                None => Released::NotOwner,
             }),
         }
     }
@@ -200,7 +207,7 @@ impl Backend {
         match self {
             Backend::Redis(b) => b.abandon(key, token).await,
             // In process, nothing is ever in flight once the call has returned.
-            Backend::Memory(_) => self.release(key, token).await,
+            Backend::Memory(_) => self.release(key, token, None).await,
         }
     }
 

@@ -597,8 +597,10 @@ impl RedisBackend {
         };
         let reply = self.invoke(&ACQUIRE, true, call).await?;
         if let Some(e) = reply.unacknowledged {
-            // Not acknowledged: the lock must not count, so it must not stay either.
-            let _ = self.release(key, token).await;
+            // Not acknowledged: the lock must not count, so it must not stay either. No proof
+            // and no mark: the acquisition goes on with this token, and a proof from before it
+            // held would hide a later loss.
+            let _ = self.release_as(key, Some(token), Mode::Rollback).await;
             return Err(e);
         }
         let reply = ints(&reply.values);
@@ -629,20 +631,15 @@ impl RedisBackend {
     }
 
     /// One script call for `batch`, whose locks share one [`renewal_group`] (a script may
-    /// touch the keys of one cluster slot only).
-    ///
-    /// [`renewal_group`]: RedisBackend::renewal_group
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Vec<Renewed> {
-        per_lease(self.renew_one_call(batch, None).await, batch.len())
-    }
-
-    /// [`renew`](Self::renew), hedged against a lost reply: still unanswered at `hedge_at`,
+    /// touch the keys of one cluster slot only), hedged against a lost reply: still unanswered at `hedge_at`,
     /// the connection it went out on is discarded (a reply dropped on a live connection
     /// shifts every later one onto the wrong request) and the same call goes out at once on a
     /// fresh connection. The first answer wins; an error waits for the other call. Both may
     /// run: a renewal is an owner-checked `PEXPIRE`, and each reply is paired by its own
     /// request id on its own connection. A cluster connection is rebuilt in the background
     /// instead (building one waits for every node) and the first call keeps its timeout.
+    ///
+    /// [`renewal_group`]: RedisBackend::renewal_group
     pub(crate) async fn renew_hedged(
         &self,
         batch: &[Renewal<'_>],
@@ -720,12 +717,16 @@ impl RedisBackend {
         Ok(out.into_iter().map(|v| v == 1).collect())
     }
 
+    /// A holder's release, which leaves its proof; with `keep`, the lock stays taken
+    /// (owner-checked) for that long instead (`min_hold`), with the same proof.
     pub(crate) async fn release(
         &self,
         key: &LockKey,
         token: &Token,
+        keep: Option<Duration>,
     ) -> Result<Released, BackendError> {
-        self.release_as(key, Some(token), false).await
+        let mode = keep.map_or(Mode::Release, Mode::Keep);
+        self.release_as(key, Some(token), mode).await
     }
 
     /// The release of an acquisition that ended without a guard: also marks `token` so that
@@ -735,7 +736,7 @@ impl RedisBackend {
         key: &LockKey,
         token: &Token,
     ) -> Result<Released, BackendError> {
-        self.release_as(key, Some(token), true).await
+        self.release_as(key, Some(token), Mode::Abandon).await
     }
 
     /// Whether a write counts only once replicas acknowledged it (`sync_replicas`).
@@ -749,12 +750,15 @@ impl RedisBackend {
         &self,
         key: &LockKey,
         token: Option<&Token>,
-        abandon: bool,
+        mode: Mode,
     ) -> Result<Released, BackendError> {
         let retention = millis(self.fence_retention);
         let owner = owner_key(key.lock());
-        // A forced unlock leaves no proof of release: the holder's own retry must see a loss.
-        let done = token.map(|t| done_key(key, t));
+        // A forced unlock and a rollback leave no proof of release: a later "not ours" of
+        // that token must read as a loss.
+        let done = token
+            .filter(|_| !matches!(mode, Mode::Rollback))
+            .map(|t| done_key(key, t));
         let call = Call {
             nkeys: if done.is_some() { 6 } else { 5 },
             keys: |c: &mut Cmd| {
@@ -767,8 +771,12 @@ impl RedisBackend {
                 c.arg(token.map_or("", Token::as_str))
                     .arg(key.channel())
                     .arg(retention)
-                    .arg(millis(self.release_proof_life()))
-                    .arg(if abandon { "a" } else { "" });
+                    .arg(millis(self.release_proof_life()));
+                match mode {
+                    Mode::Abandon => c.arg("a"),
+                    Mode::Keep(keep) => c.arg(format!("k{}", millis(keep))),
+                    Mode::Release | Mode::Rollback => c.arg(""),
+                };
                 if token.is_none() {
                     // force.lua's last argument: where the holder's locker hears of it.
                     c.arg(super::pubsub::revoke_channel(key));
@@ -786,6 +794,19 @@ impl RedisBackend {
     }
 }
 
+/// What a release-shaped script call is for.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    /// A holder's release: leaves the proof `{lock}:done:<token>`.
+    Release,
+    /// `min_hold`: keeps the lock (owner-checked) for this long instead, with the same proof.
+    Keep(Duration),
+    /// The compensation of an abandoned acquisition: marks the token refused.
+    Abandon,
+    /// Undoing an unacknowledged acquire that goes on with the same token: no proof, no mark.
+    Rollback,
+}
+
 impl RedisBackend {
     /// How long a release's proof (`{lock}:done:<token>`) outlives it: longer than every
     /// retry of that release can take (each bounded by the connect and response timeouts).
@@ -798,7 +819,7 @@ impl RedisBackend {
 
     /// Releases `key` whoever holds it, as its holder's release would (hand-over included).
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<Released, BackendError> {
-        self.release_as(key, None, false).await
+        self.release_as(key, None, Mode::Release).await
     }
 
     /// The raw state of one lock, read by inspect.lua.

@@ -21,9 +21,9 @@
 -- holding the lock), and with the counter unknown a grant must be confirmed by another call.
 -- KEYS[5] (optional): the owner key `{lock}:owner`; ARGV[7] the acquirer's identity, kept there
 -- (see `take_lock`) and, while it waits, in KEYS[4] under field "o:<token>" for a hand-over.
--- KEYS[6]: `{lock}:done:<token>`, which release.lua sets to 'a' when ARGV[2]'s acquisition was
--- abandoned (its compensation ran): a request of it that reaches Redis only after that (held
--- up in the network) takes neither the lock nor a queue place.
+-- KEYS[6]: `{lock}:done:<token>`, which release.lua sets when ARGV[2] released the lock ('1')
+-- or its acquisition was abandoned ('a', its compensation ran): a request of it that reaches
+-- Redis only after that (held up in the network) takes neither the lock nor a queue place.
 -- The uncontended path (free, nobody queued) makes only EXISTS, INCR and SET.
 local token = ARGV[2]
 
@@ -35,7 +35,9 @@ local function counter()
   return tonumber(redis.call('GET', KEYS[2]) or '-1')
 end
 
-if redis.call('GET', KEYS[6]) == 'a' then
+-- Released or abandoned: a token is used for one acquisition only, so a request of it that
+-- lands after its release (held up in the network) must take nothing.
+if redis.call('EXISTS', KEYS[6]) == 1 then
   return {rid, 0, -4, counter()}
 end
 

@@ -21,6 +21,10 @@
 -- ARGV[6] = 'a': the release of an abandoned acquisition (its compensation). KEYS[6] is then set
 -- to 'a' whether or not the token held the lock, and acquire.lua refuses the token from then
 -- on: a request of it still in the network takes nothing when it lands.
+-- ARGV[6] = 'k<ms>': `min_hold`; the holder keeps the lock (and its owner key) for <ms> more
+-- instead of releasing it now, and leaves the same proof (kept at least that long), so a
+-- retry whose first try's reply was lost is a success, not a loss. No hand-over: nobody may
+-- take the lock before then.
 -- Never deletes another owner's lock. Returns {rid, n}: n = 0 if ARGV[2] did not hold the
 -- lock, 1 if it was released, 2 if it was released and handed to a waiter, 3 if this token's
 -- release had already happened (the marker of KEYS[6]).
@@ -35,6 +39,15 @@ if not owns(cur, token) then
   if abandon then redis.call('SET', KEYS[6], 'a', 'PX', ARGV[5]) end
   if proof then return {rid, 3} end
   return {rid, 0}
+end
+local keep = tonumber(string.match(ARGV[6] or '', '^k(%d+)$'))
+if keep then
+  redis.call('PEXPIRE', KEYS[1], keep)
+  if KEYS[5] then redis.pcall('PEXPIRE', KEYS[5], keep) end
+  if KEYS[6] then
+    redis.call('SET', KEYS[6], '1', 'PX', string.format('%.0f', math.max(keep, tonumber(ARGV[5]))))
+  end
+  return {rid, 1}
 end
 redis.call('DEL', KEYS[1])
 if KEYS[5] then redis.call('DEL', KEYS[5]) end
