@@ -13,19 +13,6 @@ use redis::AsyncCommands;
 use support::{ms, opts};
 use tokio::time::Instant;
 
-/// Waits (at most `within`) until the locker's revoke subscription is in place, so that its
-/// `SUBSCRIBE` confirmation is not the reply the proxy drops; a locker that subscribes
-/// nothing while it holds just spends `within`.
-async fn subscriptions_settled(conn: &mut redis::aio::MultiplexedConnection, within: Duration) {
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if support::numsub(conn, "{lock:}:revoke").await >= 1 {
-            return;
-        }
-        tokio::time::sleep(ms(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_dropped_renewal_reply_does_not_cost_a_one_second_lease() {
     let server = RedisServer::start().expect("start redis-server");
@@ -38,9 +25,21 @@ async fn one_dropped_renewal_reply_does_not_cost_a_one_second_lease() {
     // The default response timeout (1 s) is as long as the lease.
     let locker = Locker::connect(&proxy.url()).await.unwrap();
     let ttl = ms(1_000);
+    // Listening for revocations, and the check of the leases once listening, are done before
+    // "hedged" is taken: neither the SUBSCRIBE confirmation nor that check's reply (which came
+    // before the acquire's, on the same connection) can be the reply dropped below.
+    let _warm = locker
+        .acquire("warm", opts().ttl(ms(30_000)))
+        .await
+        .unwrap();
+    support::until_listening_for_revocations(&mut direct, 1).await;
+    support::settle(
+        async || support::script_calls(&mut direct).await >= 2,
+        "the locker's acquire and its check once listening",
+    )
+    .await;
     let acquired = Instant::now();
     let g = locker.acquire("hedged", opts().ttl(ttl)).await.unwrap();
-    subscriptions_settled(&mut direct, ms(150)).await;
     let before = proxy.counters();
     proxy.drop_replies(1);
     proxy
@@ -93,7 +92,7 @@ async fn a_renewal_answered_late_but_in_time_keeps_the_lease_without_a_false_los
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    subscriptions_settled(&mut direct, ms(150)).await;
+    support::until_listening_for_revocations(&mut direct, 1).await;
     let before = proxy.counters();
     proxy.delay(lockrt::testing::Direction::ToClient, ms(60));
     let kept = tokio::time::timeout(2 * ttl, g.lost()).await.is_err();

@@ -16,8 +16,10 @@
 //!
 //! A forced unlock revokes a lease at once: while it watches a lease, the monitor has its
 //! locker listen on the revoke channel (`backend::pubsub`), and a token revoked there (or by an
-//! in-memory forced unlock) is declared lost on the spot. The renewal finds it when the message
-//! is lost.
+//! in-memory forced unlock) is renewed at once, owner-checked: the server's "not yours" is
+//! what declares it lost, so a message anyone could publish is only a hint (a fixed lease,
+//! which has no renewal to ask with, is declared lost by the message). The regular renewal
+//! finds a forced unlock whose message was lost.
 //!
 //! The task never blocks a guard: guards add and remove leases in a shared table under a short
 //! mutex. It is woken only when a new lease is due before its next scan; an idle task scans
@@ -178,6 +180,9 @@ struct State {
     /// current lease, so a short first lease (a granted waiter's) is not renewed at once.
     window: Duration,
     in_flight: bool,
+    /// Renew again as soon as the renewal in flight is answered: it may have been sent before
+    /// a forced unlock that a revoke message (or a gap in listening) says may have happened.
+    recheck: bool,
     /// Renewals failed in a row, for the retry backoff.
     failures: u32,
     /// The locker listens for this lease's revocation while it is watched.
@@ -191,6 +196,7 @@ impl State {
             next_renew: sent,
             window: Duration::ZERO,
             in_flight: false,
+            recheck: false,
             failures: 0,
             _revocable: revocable,
         };
@@ -204,6 +210,17 @@ impl State {
         self.next_renew = sent + lease / 3;
         self.window = lease / 6;
         self.failures = 0;
+    }
+
+    /// An owner-checked renewal at once (or right after the one in flight): a revoke message
+    /// is only a hint, which the server confirms or not, so nobody who can publish can cancel
+    /// a healthy section.
+    fn check_now(&mut self, now: Instant) {
+        if self.in_flight {
+            self.recheck = true;
+        } else {
+            self.next_renew = now;
+        }
     }
 
     fn renews(&self) -> bool {
@@ -253,12 +270,21 @@ struct Shared {
 
 impl Holders for Shared {
     fn revoke(&self, token: &str) {
+        let now = Instant::now();
         let mut t = self.table();
-        let revoked: Vec<u64> = (t.leases.iter())
-            .filter(|(_, st)| st.info.token.as_str() == token)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in revoked {
+        let mut fixed = Vec::new();
+        for (id, st) in t.leases.iter_mut() {
+            if st.info.token.as_str() != token {
+                continue;
+            }
+            if st.info.watchdog {
+                st.check_now(now);
+            } else {
+                // A fixed lease has no renewal to ask the server with: the message stands.
+                fixed.push(*id);
+            }
+        }
+        for id in fixed {
             if let Some(st) = t.leases.remove(&id) {
                 declare_lost(
                     &st.info,
@@ -266,14 +292,17 @@ impl Holders for Shared {
                 );
             }
         }
+        t.next_scan = Some(now);
+        drop(t);
+        self.wake.notify_one();
     }
 
     fn resubscribed(&self) {
         let now = Instant::now();
         let mut t = self.table();
         let mut due = false;
-        for st in t.leases.values_mut().filter(|st| st.renews()) {
-            st.next_renew = now;
+        for st in t.leases.values_mut().filter(|st| st.info.watchdog) {
+            st.check_now(now);
             due = true;
         }
         if due {
@@ -551,6 +580,9 @@ fn apply_outcome(t: &mut Table, ids: &[u64], sent: Instant, res: Vec<Renewed>) {
             Ok(true) => {
                 let ttl = st.info.ttl;
                 st.runs(sent, ttl);
+                if std::mem::take(&mut st.recheck) {
+                    st.next_renew = now;
+                }
             }
             Ok(false) => {
                 declare_lost(&st.info, "the lock is held by another owner or expired");

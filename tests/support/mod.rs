@@ -170,6 +170,25 @@ pub async fn until_listening_for_revocations(conn: &mut redis::aio::MultiplexedC
     .await;
 }
 
+/// Lock scripts the server has run so far: `EVALSHA` and `EVAL` calls that did not fail (a
+/// `NOSCRIPT` answer counts as a failed call).
+pub async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let stats = commandstats(conn).await;
+    let field = |cmd: &str, name: &str| -> u64 {
+        let prefix = format!("cmdstat_{cmd}:");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix(name)))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    ["evalsha", "eval"]
+        .iter()
+        .map(|c| field(c, "calls=").saturating_sub(field(c, "failed_calls=")))
+        .sum()
+}
+
 /// `PUBSUB NUMSUB` of one channel: how many connections are subscribed to it.
 pub async fn numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> u64 {
     let v: Vec<(String, u64)> = redis::cmd("PUBSUB")

@@ -59,11 +59,12 @@ pub(crate) trait Events: Send + Sync {
 
 /// What the lease monitors do with a revoke message.
 pub(crate) trait Holders: Send + Sync {
-    /// The lock held with owner token `token` was force-unlocked: its lease is lost now.
+    /// The lock held with owner token `token` may have been force-unlocked (anyone who can
+    /// publish can say so): its lease is checked with the server at once.
     fn revoke(&self, token: &str);
-    /// The revoke channel is listened to again after a lost connection: a revocation published
-    /// meanwhile was missed, so every lease is checked now (renewed) rather than at its next
-    /// renewal.
+    /// The revoke channel is listened to now (the first time after holding nothing, or again
+    /// after a lost connection): a revocation published before was missed, so every lease is
+    /// checked now (renewed) rather than at its next renewal.
     fn resubscribed(&self);
 }
 
@@ -357,9 +358,6 @@ struct Task {
     revoke_lingering: HashMap<Arc<str>, Instant>,
     /// Revoke channels the server refused on this connection (an ACL): not asked again on it.
     revoke_refused: HashSet<Arc<str>>,
-    /// A revoke channel was subscribed on a connection since lost: messages may have been
-    /// missed until it is subscribed again.
-    revoke_gap: bool,
 }
 
 impl Task {
@@ -379,7 +377,6 @@ impl Task {
             revoke_subscribed: HashSet::new(),
             revoke_lingering: HashMap::new(),
             revoke_refused: HashSet::new(),
-            revoke_gap: false,
         }
     }
 
@@ -555,9 +552,10 @@ impl Task {
             Ok(Ok(())) => {
                 self.revoke_subscribed.insert(channel.clone());
                 self.heard = Instant::now();
-                if std::mem::take(&mut self.revoke_gap) {
-                    self.revocations.resubscribed();
-                }
+                // A forced unlock published before this subscription landed (the first one
+                // after holding nothing, or after a lost connection) was heard by nobody: the
+                // held leases are renewed, owner-checked, at once.
+                self.revocations.resubscribed();
             }
             Ok(Err(e)) => {
                 let refused = SubError::Redis(e);
@@ -619,7 +617,6 @@ impl Task {
         self.conn = None;
         self.subscribed.clear();
         self.lingering.clear();
-        self.revoke_gap |= !self.revoke_subscribed.is_empty();
         self.revoke_subscribed.clear();
         self.revoke_lingering.clear();
         self.revoke_refused.clear();
@@ -678,7 +675,6 @@ impl Task {
 
     async fn connect(&mut self) -> Result<(), SubError> {
         self.subscribed.clear();
-        self.revoke_gap |= !self.revoke_subscribed.is_empty();
         self.revoke_subscribed.clear();
         self.revoke_refused.clear();
         let round = self.round;

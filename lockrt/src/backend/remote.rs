@@ -631,11 +631,13 @@ impl RedisBackend {
     }
 
     /// One script call for `batch`, whose locks share one [`renewal_group`] (a script may
-    /// touch the keys of one cluster slot only), hedged against a lost reply: still unanswered at `hedge_at`,
-    /// the connection it went out on is discarded (a reply dropped on a live connection
-    /// shifts every later one onto the wrong request) and the same call goes out at once on a
-    /// fresh connection. The first answer wins; an error waits for the other call. Both may
-    /// run: a renewal is an owner-checked `PEXPIRE`, and each reply is paired by its own
+    /// touch the keys of one cluster slot only), hedged against a lost reply: still
+    /// unanswered at `hedge_at` (counted from when a connection was there), the same call goes
+    /// out at once on an extra, fresh connection. The first answer wins; an error waits for
+    /// the other call. If the extra one wins, the first connection, which still owes a reply
+    /// (a reply dropped on a live connection shifts every later one onto the wrong request),
+    /// is replaced by it; if the first wins (a slow but lossless link), nothing changes. Both
+    /// may run: a renewal is an owner-checked `PEXPIRE`, and each reply is paired by its own
     /// request id on its own connection. A cluster connection is rebuilt in the background
     /// instead (building one waits for every node) and the first call keeps its timeout.
     ///
@@ -645,10 +647,13 @@ impl RedisBackend {
         batch: &[Renewal<'_>],
         hedge_at: tokio::time::Instant,
     ) -> Vec<Renewed> {
+        let asked = tokio::time::Instant::now();
         let on = match self.conn().await {
             Ok(on) => on,
             Err(e) => return per_lease(Err(e), batch.len()),
         };
+        // The hedge clock starts once the call can go out: a reconnect is no lost reply.
+        let hedge_at = hedge_at + asked.elapsed();
         let generation = on.1;
         let first = self.renew_one_call(batch, Some(on));
         tokio::pin!(first);
@@ -659,9 +664,10 @@ impl RedisBackend {
                 first.await
             }
             Err(_) => {
-                tracing::debug!(addr = %self.addr, "renewal unanswered; hedging on a fresh connection");
-                self.link.discard(generation);
-                let second = self.renew_one_call(batch, None);
+                tracing::debug!(addr = %self.addr, "renewal unanswered; hedging on an extra connection");
+                // The first connection stays in use: on a slow but lossless link its reply
+                // still comes first, and replacing it would make every renewal reconnect.
+                let second = self.renew_on_extra(batch);
                 tokio::pin!(second);
                 tokio::select! {
                     res = &mut first => match res {
@@ -669,13 +675,35 @@ impl RedisBackend {
                         Err(_) => second.await,
                     },
                     res = &mut second => match res {
-                        Ok(v) => Ok(v),
+                        Ok(v) => {
+                            // The first connection still owes a reply (lost, or very late):
+                            // later replies on it could pair with the wrong requests.
+                            self.link.discard(generation);
+                            Ok(v)
+                        }
                         Err(_) => first.await,
                     },
                 }
             }
         };
         per_lease(res, batch.len())
+    }
+
+    /// A renewal on a connection of its own, opened for it (bounded by the connect and
+    /// response timeouts) and put in use when the call succeeds.
+    async fn renew_on_extra(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {
+        let epoch = self.connector.epoch();
+        let conn = tokio::time::timeout(
+            self.timeouts.connect.saturating_add(self.timeouts.response),
+            self.connector.connect(&self.link.config()),
+        )
+        .await
+        .map_err(|_| BackendError::new(self.addr.clone(), "no connection for a hedged renewal"))?
+        .map_err(|e| self.error(&e))?;
+        // Generation 0 is never installed: a failure on this connection discards nothing else.
+        let out = self.renew_one_call(batch, Some((conn.clone(), 0))).await?;
+        self.link.install(conn, epoch);
+        Ok(out)
     }
 
     /// One renewal call, on connection `on` when given.
