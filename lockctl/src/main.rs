@@ -79,7 +79,10 @@ enum Command {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     match run(cli).await {
         Ok(code) => code,
         Err(msg) => {
@@ -87,6 +90,25 @@ async fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Prints a command-line error without the arguments that may hold a secret: clap quotes
+/// the offending argument, and a URL given without `--url` (`lockctl redis://:pw@h list`) is
+/// one.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    let mut text = e.render().to_string();
+    for arg in std::env::args().skip(1) {
+        if arg.contains("://") || arg.contains('@') {
+            text = text.replace(&arg, "<hidden: may hold a password; give a URL with --url>");
+        }
+    }
+    eprint!("{text}");
+    ExitCode::from(2)
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, String> {

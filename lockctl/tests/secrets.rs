@@ -134,3 +134,33 @@ fn the_reported_urls_keep_their_secret() {
         .collect();
     check("secrets_lockctl_reported", &runs);
 }
+
+/// A URL given in the wrong place (as the command, or as the value of an unknown option) is
+/// quoted by the argument parser's error: lockctl hides it.
+#[test]
+fn a_misplaced_url_is_not_echoed_by_the_usage_error() {
+    let secret = "Pw-misplaced-7731";
+    let url = format!("redis://app:{secret}@127.0.0.1:1/");
+    for args in [
+        vec![url.clone(), "list".into()],
+        vec!["list".into(), "--bogus".into(), url.clone()],
+        vec!["show".into(), "k".into(), url.clone(), "extra".into()],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(&args)
+            .env_remove("LOCKCTL_URL")
+            .env_remove("REDIS_URL")
+            .output()
+            .expect("run lockctl");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{args:?} is a usage error");
+        assert!(
+            !text.contains(secret),
+            "{args:?} printed the password:\n{text}"
+        );
+    }
+}
