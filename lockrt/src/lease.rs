@@ -268,6 +268,9 @@ struct Shared {
     subscriber: Option<Subscriber>,
 }
 
+/// Why a forced unlock's holder lost its lease.
+const FORCED: &str = "force-unlocked (Locker::force_unlock, lockctl unlock --force)";
+
 impl Holders for Shared {
     fn revoke(&self, token: &str) {
         let now = Instant::now();
@@ -286,15 +289,25 @@ impl Holders for Shared {
         }
         for id in fixed {
             if let Some(st) = t.leases.remove(&id) {
-                declare_lost(
-                    &st.info,
-                    "force-unlocked (Locker::force_unlock, lockctl unlock --force)",
-                );
+                declare_lost(&st.info, FORCED);
             }
         }
         t.next_scan = Some(now);
         drop(t);
         self.wake.notify_one();
+    }
+
+    fn revoked(&self, token: &str) {
+        let mut t = self.table();
+        let ids: Vec<u64> = (t.leases.iter())
+            .filter(|(_, st)| st.info.token.as_str() == token)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if let Some(st) = t.leases.remove(&id) {
+                declare_lost(&st.info, FORCED);
+            }
+        }
     }
 
     fn resubscribed(&self) {

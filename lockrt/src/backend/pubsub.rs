@@ -62,6 +62,9 @@ pub(crate) trait Holders: Send + Sync {
     /// The lock held with owner token `token` may have been force-unlocked (anyone who can
     /// publish can say so): its lease is checked with the server at once.
     fn revoke(&self, token: &str);
+    /// The lock held with owner token `token` was force-unlocked, as the caller knows first
+    /// hand (the in-memory backend): its lease is lost now.
+    fn revoked(&self, token: &str);
     /// The revoke channel is listened to now (the first time after holding nothing, or again
     /// after a lost connection): a revocation published before was missed, so every lease is
     /// checked now (renewed) rather than at its next renewal.
