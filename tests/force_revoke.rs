@@ -368,3 +368,160 @@ async fn chaos_force_unlock_during_sections() {
         "seed {seed}: an overlap of {max:?}"
     );
 }
+
+mod force_revoke_first_hold {
+    //! A forced unlock right after a locker that held nothing took a lock: the revoke channel is
+    //! subscribed in the background when it starts holding, so a revoke published before that
+    //! SUBSCRIBE reached Redis is heard by nobody. Every subscription (the first too) is followed by
+    //! an owner-checked renewal of the held leases, so the holder learns of it within milliseconds,
+    //! not at its next renewal.
+
+    use super::support;
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use lockrt::testing::{Direction, FaultProxy, RedisServer};
+    use lockrt::{LockOptions, Locker};
+    use support::{ms, opts};
+    use tokio::time::Instant;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn force_unlock_right_after_the_first_hold_is_heard_at_once() {
+        case(40, 5).await;
+    }
+
+    /// The same on plain loopback, forced at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn force_unlock_right_after_the_first_hold_loopback() {
+        case(0, 0).await;
+    }
+
+    async fn case(latency: u64, after: u64) {
+        let server = RedisServer::start().expect("start redis-server");
+        let proxy = FaultProxy::in_front_of(&server).expect("proxy");
+        // A holder 40 ms away from Redis (requests arrive 40 ms late): a cross-zone link.
+        let holder = Locker::connect(&proxy.url()).await.unwrap();
+        let operator = Locker::connect(&server.url()).await.unwrap();
+        let waiting = Locker::connect(&server.url()).await.unwrap();
+        proxy.delay(Direction::ToServer, ms(latency));
+        let ttl = ms(6_000);
+        let finished = Arc::new(AtomicBool::new(false));
+        let done = finished.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let h = holder.clone();
+        let section = tokio::spawn(async move {
+            let r = h
+                .run("job", opts().ttl(ttl), async move {
+                    let _ = tx.send(Instant::now());
+                    tokio::time::sleep(ms(4_000)).await;
+                    done.store(true, Ordering::SeqCst);
+                })
+                .await;
+            (Instant::now(), r)
+        });
+        let entered = rx.await.unwrap();
+        // The operator force-unlocks 5 ms into the section; a waiter takes over.
+        tokio::time::sleep(ms(after)).await;
+        let w = waiting.clone();
+        let forced = Instant::now();
+        assert!(operator.force_unlock("job").await.unwrap(), "it was held");
+        let taken = w
+            .acquire("job", LockOptions::new().ttl(ttl).wait(ms(1_000)))
+            .await
+            .expect("the lock is free after the forced unlock");
+        let taken_at = Instant::now();
+        let (ended, res) = section.await.unwrap();
+        let overlap = ended.saturating_duration_since(taken_at);
+        println!(
+            "FIGURE force_revoke_first_hold: force_unlock {:?} after the section began (holder held nothing before; \
+             requests {latency} ms to Redis): section ended {:?} after the forced unlock (finished: {}, {:?}); \
+             overlapped the new holder by {overlap:?}",
+            forced - entered,
+            ended - forced,
+            finished.load(Ordering::SeqCst),
+            res.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+        );
+        drop(taken);
+        assert!(
+            ended - forced < ms(200),
+            "the revoke was not heard: the section ran {:?} past the forced unlock",
+            ended - forced
+        );
+    }
+}
+
+mod force_revoke_forged {
+    //! A revoke message is only a hint: a client that can read the lock key and PUBLISH (no EVAL,
+    //! no DEL, no force_unlock) cannot cancel a healthy holder's section, because the holder checks
+    //! with an owner-checked renewal and only the server's "not yours" declares the lease lost.
+
+    use super::support;
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use lockrt::testing::RedisServer;
+    use lockrt::{LockError, Locker};
+    use redis::AsyncCommands;
+    use support::{ms, opts};
+    use tokio::time::Instant;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forged_revoke_does_not_cancel_a_healthy_section() {
+        let server = RedisServer::start().expect("start redis-server");
+        let mut direct = server
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let holder = Locker::connect(&server.url()).await.unwrap();
+        let finished = Arc::new(AtomicBool::new(false));
+        let done = finished.clone();
+        let h = holder.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let section = tokio::spawn(async move {
+            let r = h
+                .run("job", opts().ttl(ms(10_000)), async move {
+                    let _ = tx.send(());
+                    tokio::time::sleep(ms(2_000)).await;
+                    done.store(true, Ordering::SeqCst);
+                })
+                .await;
+            (Instant::now(), r)
+        });
+        rx.await.unwrap();
+        support::until_listening_for_revocations(&mut direct, 1).await;
+        // A third party: GET (read access) and PUBLISH.
+        let value: String = direct.get("lock:job").await.unwrap();
+        let token = &value[..32];
+        let start = Instant::now();
+        let receivers: i64 = direct.publish("{lock:}:revoke", token).await.unwrap();
+        let (ended, res) = section.await.unwrap();
+        let cancelled = ended - start;
+        // Was the lock still ours in Redis at the moment of the forged message? Yes: nobody
+        // touched it. What is there now?
+        tokio::time::sleep(ms(500)).await;
+        let after: Option<String> = direct.get("lock:job").await.unwrap();
+        let pttl: i64 = direct.pttl("lock:job").await.unwrap();
+        println!(
+            "FIGURE force_revoke_forged: 500 ms after the section ended, lock:job pttl {pttl} ms (the cancelled holder's token still holds it)"
+        );
+        println!(
+            "FIGURE force_revoke_forged: PUBLISH of the holder's token by a third party ({receivers} receiver(s)): \
+             section {} {cancelled:?} after it (body finished: {}), result {:?}; lock key now {:?}",
+            if finished.load(Ordering::SeqCst) {
+                "ran to its end"
+            } else {
+                "cancelled"
+            },
+            finished.load(Ordering::SeqCst),
+            res.as_ref().map(|_| ()).map_err(LockError::to_string),
+            after,
+        );
+        assert!(
+            finished.load(Ordering::SeqCst),
+            "a PUBLISH by a client without EVAL/DEL cancelled a section whose lock was never taken from it"
+        );
+    }
+}
