@@ -255,11 +255,14 @@ impl Drop for Release {
         self.info.lost.cancel();
         // Tracked, so `Locker::shutdown` waits for it before the process may exit.
         let tracker = self.locker.inner.cleanups.clone();
-        rt.spawn(tracker.track_future(async move {
-            if let Err(e) = rest.run().await {
-                tracing::warn!(key = ?&*rest.info.key.user, error = %e, "background release failed; the lease will expire");
-            }
-        }));
+        tracker.spawn_on(
+            async move {
+                if let Err(e) = rest.run().await {
+                    tracing::warn!(key = ?&*rest.info.key.user, error = %e, "background release failed; the lease will expire");
+                }
+            },
+            &rt,
+        );
     }
 }
 
@@ -269,9 +272,10 @@ const LOST_AT_RELEASE: &str = "the release found the lock gone or held by anothe
 
 /// Ends a lease in Redis: with `min_hold` not yet reached the lock is kept (owner-checked)
 /// until then, otherwise released by token; both leave a proof and are retried a few times
-/// when their outcome is unknown. Success only when this token's own release provably happened: a retry finds the
-/// proof its first try left, and "not ours" without it is `NotOwner` (the lock expired, was
-/// force-unlocked, or the server restarted: another owner may have held it meanwhile).
+/// when their outcome is unknown. Success only when this token's own release provably
+/// happened: a retry finds the proof its first try left, and "not ours" without it is
+/// `NotOwner` (the lock expired, was force-unlocked, or the server restarted: another owner
+/// may have held it meanwhile).
 /// Used by a guard's release and by `Locker::shutdown`.
 pub(crate) async fn end_lease(
     backend: &crate::backend::Backend,

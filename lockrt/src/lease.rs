@@ -8,11 +8,11 @@
 //! ([`LeaseInfo::is_lost`]) and never reports "held" past it, even when this task has not run
 //! (a blocked thread). A renewal is due a third of the way into the current lease; leases due
 //! within a sixth of theirs are renewed in the same batch (one script call for many locks). A
-//! renewal still unanswered after half of what is left of its lease goes out again at once on a
-//! fresh connection (hedged), so one reply lost on a live connection costs a round trip, not
-//! the lease, whatever the response timeout. A
-//! failed renewal is retried with exponential backoff inside the deadline and never moves it;
-//! a "not yours" answer, a passed deadline or a passed `max_hold` marks the lease lost.
+//! renewal still unanswered after half of what is left of its lease goes out again at once on an
+//! extra, fresh connection (hedged), so one reply lost on a live connection costs a round trip,
+//! not the lease, whatever the response timeout. A failed renewal is retried with exponential
+//! backoff inside the deadline and never moves it; a "not yours" answer, a passed deadline or a
+//! passed `max_hold` marks the lease lost.
 //!
 //! A forced unlock revokes a lease at once: while it watches a lease, the monitor has its
 //! locker listen on the revoke channel (`backend::pubsub`), and a token revoked there (or by an
@@ -271,23 +271,25 @@ struct Shared {
 /// Why a forced unlock's holder lost its lease.
 const FORCED: &str = "force-unlocked (Locker::force_unlock, lockctl unlock --force)";
 
-impl Holders for Shared {
-    fn revoke(&self, token: &str) {
+impl Shared {
+    /// The leases held with `token`: checked with an owner-checked renewal at once, or, when
+    /// the caller knows first hand (`trusted`) or the lease is fixed (no renewal to ask the
+    /// server with), declared lost now.
+    fn revoke_token(&self, token: &str, trusted: bool) {
         let now = Instant::now();
         let mut t = self.table();
-        let mut fixed = Vec::new();
+        let mut lost = Vec::new();
         for (id, st) in t.leases.iter_mut() {
             if st.info.token.as_str() != token {
                 continue;
             }
-            if st.info.watchdog {
-                st.check_now(now);
+            if trusted || !st.info.watchdog {
+                lost.push(*id);
             } else {
-                // A fixed lease has no renewal to ask the server with: the message stands.
-                fixed.push(*id);
+                st.check_now(now);
             }
         }
-        for id in fixed {
+        for id in lost {
             if let Some(st) = t.leases.remove(&id) {
                 declare_lost(&st.info, FORCED);
             }
@@ -296,18 +298,15 @@ impl Holders for Shared {
         drop(t);
         self.wake.notify_one();
     }
+}
+
+impl Holders for Shared {
+    fn revoke(&self, token: &str) {
+        self.revoke_token(token, false);
+    }
 
     fn revoked(&self, token: &str) {
-        let mut t = self.table();
-        let ids: Vec<u64> = (t.leases.iter())
-            .filter(|(_, st)| st.info.token.as_str() == token)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            if let Some(st) = t.leases.remove(&id) {
-                declare_lost(&st.info, FORCED);
-            }
-        }
+        self.revoke_token(token, true);
     }
 
     fn resubscribed(&self) {

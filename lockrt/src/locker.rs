@@ -311,10 +311,7 @@ impl Locker {
         // up (their queue place, or a lock a release handed them in that instant): all finish
         // before the process may exit.
         self.inner.cleanups.close();
-        if tokio::time::timeout(bound, self.inner.cleanups.wait())
-            .await
-            .is_err()
-        {
+        if !self.settle(bound).await {
             tracing::warn!(
                 pending = self.inner.cleanups.len(),
                 bound_ms = bound.as_millis() as u64,
@@ -322,6 +319,14 @@ impl Locker {
             );
         }
         tracing::debug!(released, "locker shut down");
+    }
+
+    /// Waits (at most `bound`) for the work `shutdown` waits for: its releases, releases under
+    /// way and clean-ups of acquisitions. Whether all of it finished.
+    pub(crate) async fn settle(&self, bound: Duration) -> bool {
+        tokio::time::timeout(bound, self.inner.cleanups.wait())
+            .await
+            .is_ok()
     }
 
     /// One lease drained by `shutdown`: released (or kept until `min_hold`), bounded.

@@ -223,8 +223,7 @@ impl Locker {
     /// returns, so a caller that exits after it leaves no lock behind. Bounded.
     async fn settle_shutdown(&self) {
         if self.inner.closing.is_cancelled() {
-            let bound = self.inner.settings.shutdown_bound;
-            let _ = tokio::time::timeout(bound, self.inner.cleanups.wait()).await;
+            self.settle(self.inner.settings.shutdown_bound).await;
         }
     }
 }
