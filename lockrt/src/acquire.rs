@@ -33,7 +33,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use crate::LockError;
-use crate::backend::{Attempt, Queueing, Token};
+use crate::backend::contract::{Attempt, Queueing, Token};
 use crate::builder::{MAX_TTL, MIN_TTL};
 use crate::error::BackendError;
 use crate::guard::LockGuard;
@@ -517,7 +517,7 @@ fn spawn_cleanup(locker: &Locker, key: LockKey, token: Token, bound: Duration) {
             .until(Instant::now() + bound);
         loop {
             match locker.backend().abandon(&key, &token).await {
-                Ok(crate::backend::Released::Freed) => return locker.wake(&key.tag),
+                Ok(crate::backend::contract::Released::Freed) => return locker.wake(&key.tag),
                 Ok(_) => return,
                 Err(e) if backoff.retry(&e).await => {}
                 Err(e) => {

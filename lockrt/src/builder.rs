@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::LockError;
 use crate::backend::Backend;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::remote::{self, RedisBackend, SyncReplicas, Timeouts};
-use crate::backend::topology::{Auth, TlsFiles, Topology};
+use crate::backend::redis::connector::{Auth, TlsFiles, Topology};
+use crate::backend::redis::{RedisBackend, Settings as RedisSettings, SyncReplicas, Timeouts};
 use crate::key::validate_prefix;
 use crate::locker::{Locker, Settings};
 use crate::options::Wait;
@@ -393,7 +393,7 @@ impl LockerBuilder {
     pub async fn build(self) -> Result<Locker, LockError> {
         let settings = self.settings()?;
         let topology = self.topology()?;
-        let backend = RedisBackend::connect(remote::Settings {
+        let backend = RedisBackend::connect(RedisSettings {
             topology,
             tls: self.tls.clone(),
             timeouts: self.timeouts(),

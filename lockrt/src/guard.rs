@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::LockError;
-use crate::backend::Released;
+use crate::backend::contract::Released;
 use crate::error::BackendError;
 use crate::lease::{LeaseInfo, Monitor};
 use crate::locker::Locker;

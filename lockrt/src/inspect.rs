@@ -260,7 +260,7 @@ impl Locker {
             Backend::Memory(m) => m.force_release(&key),
             Backend::Redis(r) => !matches!(
                 r.force_release(&key).await?,
-                crate::backend::Released::NotOwner
+                crate::backend::contract::Released::NotOwner
             ),
         };
         if freed {

@@ -154,6 +154,35 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+/// The cluster slot of a key (CRC16/XMODEM of the key, or of its `{hash tag}`, mod 16384).
+pub(crate) fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16_xmodem(tagged) % 16384
+}
+
+fn crc16_xmodem(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,5 +240,19 @@ mod tests {
     fn prefix_with_brace_is_a_config_error() {
         assert!(validate_prefix("lock:").is_ok());
         assert!(validate_prefix("{app}:").is_err());
+    }
+
+    #[test]
+    fn slots_follow_redis_cluster_hashing() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(slot_of(b"123456789"), 12739);
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        assert_eq!(
+            slot_of(b"{}x"),
+            slot_of(b"{}x"),
+            "an empty tag hashes the whole key"
+        );
+        assert_eq!(slot_of(b"lock:a"), slot_of(b"{lock:a}:fence"));
     }
 }

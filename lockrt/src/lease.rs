@@ -34,8 +34,9 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::pubsub::{Held, Holders, Subscriber};
-use crate::backend::{Backend, Renewal, Renewed, Token};
+use crate::backend::Backend;
+use crate::backend::contract::{Holders, Renewal, Renewed, Token};
+use crate::backend::redis::pubsub::{Held, Subscriber};
 use crate::key::LockKey;
 
 /// Largest number of leases renewed by one script call.
@@ -641,8 +642,8 @@ pub(crate) fn declare_lost(info: &LeaseInfo, why: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::contract::{Attempt, Token};
     use crate::backend::memory::MemoryBackend;
-    use crate::backend::{Attempt, Token};
     use tokio::sync::Semaphore;
 
     const SAFETY: Duration = Duration::from_millis(50);

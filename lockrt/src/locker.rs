@@ -16,7 +16,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::LockError;
-use crate::backend::{Backend, Released};
+use crate::backend::Backend;
+use crate::backend::contract::Released;
 use crate::key::LockKey;
 use crate::lease::{LeaseInfo, Monitor};
 use crate::options::Wait;

@@ -16,7 +16,7 @@ use std::task::Poll;
 use tracing::Instrument;
 
 use crate::LockError;
-use crate::backend::Released;
+use crate::backend::contract::Released;
 use crate::context;
 use crate::guard::HeldLock;
 use crate::lease::LeaseInfo;

@@ -18,7 +18,8 @@ use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use crate::backend::pubsub::{Events, Subscriber};
+use crate::backend::contract::Events;
+use crate::backend::redis::pubsub::Subscriber;
 use crate::error::BackendError;
 use crate::lease::LeaseInfo;
 

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::pubsub::{Events, Holders};
-use super::{Attempt, Renewal, Token};
+use super::contract::{Attempt, Events, Holders, Renewal, Token};
 use crate::key::LockKey;
 
 struct Held {

@@ -3,124 +3,21 @@
 //! owner-token semantics, so the waiting, lease and guard logic above never knows which it has.
 //! Nothing here waits for a lock or keeps time: that is `wait.rs` and `lease.rs`.
 
-mod diagnose;
+pub(crate) mod contract;
 pub(crate) mod memory;
-pub(crate) mod pubsub;
-pub(crate) mod remote;
-pub(crate) mod topology;
+pub(crate) mod redis;
 
 use std::time::Duration;
 
+use self::contract::{Attempt, Queueing, Released, Renewal, Renewed, Token};
 use crate::error::BackendError;
 use crate::key::LockKey;
-
-/// A fresh 128-bit random owner token, as 32 lowercase hex digits (the scripts rely on the
-/// fixed length). Read from the OS for every acquisition (one `getrandom` call): a user-space
-/// generator would repeat its sequence in forked processes or a restored VM snapshot, and two
-/// owners with one token would both "hold" the lock. Stored inline: every held lock keeps one.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Token([u8; 32]);
-
-impl Token {
-    pub(crate) fn new() -> Token {
-        let mut bytes = [0u8; 16];
-        let n = match getrandom::fill(&mut bytes) {
-            Ok(()) => u128::from_le_bytes(bytes),
-            Err(e) => unique_fallback(e),
-        };
-        let mut hex = [0u8; 32];
-        for (i, b) in hex.iter_mut().enumerate() {
-            *b = b"0123456789abcdef"[((n >> (124 - 4 * i)) & 0xf) as usize];
-        }
-        Token(hex)
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        // Only hex digits are ever stored.
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-}
-
-/// A token when the OS has no randomness to give (never seen on supported systems): unique
-/// rather than random, from the wall clock in ns, the process id and a counter, so owners still
-/// never share one.
-fn unique_fallback(e: getrandom::Error) -> u128 {
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    WARNED.call_once(|| tracing::warn!(error = %e, "no OS randomness; owner tokens fall back to clock, pid and counter"));
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    (u128::from(nanos) << 64) | (u128::from(std::process::id()) << 32) | u128::from(seq)
-}
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // A quarter of the token identifies it in logs without handing out the credential.
-        write!(f, "Token({}…)", &self.as_str()[..8])
-    }
-}
-
-/// The result of one acquire attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Attempt {
-    /// The token holds the lock now, with this fence, for a fresh lease counted from no
-    /// earlier than the request's send time.
-    Acquired { fence: u64 },
-    /// Free, but the waiter queue's head is not known yet: the attempt dropped as many lapsed
-    /// registrations as one call may and more may follow. Ask again at once (a newcomer must
-    /// not take a lock a live waiter behind them is owed).
-    Pruning,
-    /// Another owner holds it (or it is promised to an earlier waiter).
-    Held {
-        /// The holder's remaining lease, when it has one.
-        pttl: Option<Duration>,
-        /// The key's fencing counter when the attempt ran, `None` when the counter did not
-        /// exist: a grant with a fence not above a known counter ran out before the attempt;
-        /// with the counter unknown, a grant must be confirmed by another attempt.
-        counter: Option<u64>,
-    },
-}
-
-/// How a failed attempt joins the lock's waiter queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Queueing {
-    /// The registration lapses unless refreshed within this.
-    pub(crate) register: Duration,
-    /// The lease a release hands over with the lock.
-    pub(crate) grant_lease: Duration,
-}
-
-/// What a release did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Released {
-    /// The token did not hold the lock (expired, taken over, or never acquired).
-    NotOwner,
-    /// Deleted; nobody was waiting.
-    Freed,
-    /// Handed straight to the longest waiter.
-    HandedOver,
-}
-
-/// The outcome of one lease's renewal: `Ok(true)` renewed, `Ok(false)` no longer held by its
-/// token, `Err` not known (retry within the deadline).
-pub(crate) type Renewed = Result<bool, BackendError>;
-
-/// What renewing one lease needs: the lock's Redis key, its owner token, the new lease.
-/// Borrowed from the lease table's entries for the duration of one batch.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Renewal<'a> {
-    pub(crate) lock: &'a str,
-    pub(crate) token: &'a Token,
-    pub(crate) lease: Duration,
-}
 
 // One per `Locker`, behind an `Arc`: the size difference costs nothing, a `Box` would cost an
 // indirection on every command. (TLS support makes the Redis variant larger.)
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
-    Redis(remote::RedisBackend),
+    Redis(redis::RedisBackend),
     Memory(memory::MemoryBackend),
 }
 
@@ -221,7 +118,7 @@ impl Backend {
     }
 
     /// Release notifications from other processes, when the backend has any (Redis pub/sub).
-    pub(crate) fn subscriber(&self) -> Option<pubsub::Subscriber> {
+    pub(crate) fn subscriber(&self) -> Option<redis::pubsub::Subscriber> {
         match self {
             Backend::Redis(b) => Some(b.subscriber()),
             Backend::Memory(_) => None,
@@ -234,38 +131,5 @@ impl Backend {
             Backend::Redis(b) => b.addr(),
             Backend::Memory(_) => "in-memory",
         }
-    }
-}
-
-/// Milliseconds for a script argument: at least 1 (0 would mean "no lease"), saturating.
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Token;
-
-    #[test]
-    fn tokens_are_32_lowercase_hex_digits_and_distinct() {
-        let (a, b) = (Token::new(), Token::new());
-        for t in [a, b] {
-            assert_eq!(t.as_str().len(), 32);
-            assert!(
-                t.as_str()
-                    .bytes()
-                    .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
-            );
-        }
-        assert_ne!(a, b);
-        assert!(
-            !format!("{a:?}").contains(a.as_str()),
-            "Debug shows only part of it"
-        );
-        assert_ne!(
-            format!("{a:?}"),
-            format!("{b:?}"),
-            "Debug tells tokens apart"
-        );
     }
 }

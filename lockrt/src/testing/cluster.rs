@@ -570,7 +570,7 @@ impl SlotMigration<'_> {
 /// ```
 pub fn slot_of(key: impl AsRef<[u8]>) -> u16 {
     // The same hashing the cluster backend batches renewals by.
-    crate::backend::topology::slot_of(key.as_ref())
+    crate::key::slot_of(key.as_ref())
 }
 
 /// A key `<prefix><n>` in `slot`, for a test that needs one there.

@@ -30,8 +30,9 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use super::connector::Connector;
 use super::diagnose::diagnose;
-use super::topology::Connector;
+use crate::backend::contract::{Events, Holders};
 use crate::error::BackendError;
 use crate::key::{LockKey, channel_of, tag_of_channel};
 
@@ -46,30 +47,6 @@ const RECONNECT_DELAY: Duration = Duration::from_millis(200);
 /// that does not answer within the timeout (half-open, or on a frozen node) is replaced and
 /// every waiter retries, rather than each learning of releases from its fallback timer only.
 const KEEPALIVE: Duration = Duration::from_secs(1);
-
-/// What the subscriber reports to the waiting side.
-pub(crate) trait Events: Send + Sync {
-    /// A message on the release channel of the lock with tag `tag`.
-    fn message(&self, tag: &str, payload: &[u8]);
-    /// Messages may have been missed: every waiter should retry now.
-    fn missed(&self);
-    /// The tags whose channel has a listener now.
-    fn wanted(&self) -> Vec<Arc<str>>;
-}
-
-/// What the lease monitors do with a revoke message.
-pub(crate) trait Holders: Send + Sync {
-    /// The lock held with owner token `token` may have been force-unlocked (anyone who can
-    /// publish can say so): its lease is checked with the server at once.
-    fn revoke(&self, token: &str);
-    /// The lock held with owner token `token` was force-unlocked, as the caller knows first
-    /// hand (the in-memory backend): its lease is lost now.
-    fn revoked(&self, token: &str);
-    /// The revoke channel is listened to now (the first time after holding nothing, or again
-    /// after a lost connection): a revocation published before was missed, so every lease is
-    /// checked now (renewed) rather than at its next renewal.
-    fn resubscribed(&self);
-}
 
 /// The revoke channel of the locks under `key`'s prefix: `{<prefix>}:revoke`. A lock's own
 /// names all have the escaped, never empty, user key inside the braces.

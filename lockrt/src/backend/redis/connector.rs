@@ -178,7 +178,7 @@ impl Connector {
     pub(crate) fn new(
         topology: Topology,
         tls: &TlsFiles,
-        timeouts: super::remote::Timeouts,
+        timeouts: super::Timeouts,
     ) -> redis::RedisResult<Connector> {
         #[cfg(not(any(feature = "cluster", feature = "sentinel")))]
         let _ = timeouts;
@@ -470,7 +470,7 @@ const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (10, 200);
 fn cluster(
     seeds: &[String],
     tls: &TlsFiles,
-    timeouts: super::remote::Timeouts,
+    timeouts: super::Timeouts,
 ) -> redis::RedisResult<Connector> {
     let nodes = seeds
         .iter()
@@ -509,7 +509,7 @@ fn sentinel(
     service: String,
     master_auth: Option<Auth>,
     tls: &TlsFiles,
-    timeouts: super::remote::Timeouts,
+    timeouts: super::Timeouts,
 ) -> redis::RedisResult<Connector> {
     use redis::IntoConnectionInfo;
     use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
@@ -599,7 +599,7 @@ mod switch {
     use tokio_util::sync::CancellationToken;
 
     use super::Unconfirmed;
-    use crate::backend::remote::Timeouts;
+    use crate::backend::redis::Timeouts;
 
     /// A subscribed watcher asks its Sentinel `PING` this often: an answer proves that every
     /// `+switch-master` sent before it has arrived, no answer (a half-open connection) moves
@@ -1097,53 +1097,5 @@ pub(crate) fn describe_addr(addr: &ConnectionAddr) -> String {
         ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port} (TLS)"),
         ConnectionAddr::Unix(path) => format!("unix:{}", path.display()),
         other => other.to_string(),
-    }
-}
-
-/// The cluster slot of a key (CRC16/XMODEM of the key, or of its `{hash tag}`, mod 16384).
-pub(crate) fn slot_of(key: &[u8]) -> u16 {
-    let tagged = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16_xmodem(tagged) % 16384
-}
-
-fn crc16_xmodem(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_follow_redis_cluster_hashing() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(slot_of(b"123456789"), 12739);
-        assert_eq!(slot_of(b"foo"), 12182);
-        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
-        assert_eq!(
-            slot_of(b"{}x"),
-            slot_of(b"{}x"),
-            "an empty tag hashes the whole key"
-        );
-        assert_eq!(slot_of(b"lock:a"), slot_of(b"{lock:a}:fence"));
     }
 }

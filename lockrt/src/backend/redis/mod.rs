@@ -23,6 +23,10 @@
 //!
 //! Owns credential hygiene: every error leaving this module is scrubbed of the password.
 
+pub(crate) mod connector;
+mod diagnose;
+pub(crate) mod pubsub;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
@@ -30,15 +34,15 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{AsyncConnectionConfig, Cmd, RedisError, RetryMethod, Script, Value};
 
-use super::diagnose::diagnose;
-use super::pubsub::Subscriber;
-use super::topology::{Conn, Connector, TlsFiles, Topology, slot_of};
-use super::{Attempt, Queueing, Released, Renewal, Renewed, Token, millis};
+use self::connector::{Conn, Connector, TlsFiles, Topology};
+use self::diagnose::diagnose;
+use self::pubsub::Subscriber;
+use crate::backend::contract::{Attempt, Queueing, Released, Renewal, Renewed, Token, millis};
 use crate::error::BackendError;
-use crate::key::LockKey;
+use crate::key::{LockKey, slot_of};
 
 /// Functions the scripts share (`owns`, `take_lock`, the request id), prepended to each.
-const PRELUDE: &str = include_str!("../scripts/lock.lua");
+const PRELUDE: &str = include_str!("../../scripts/lock.lua");
 
 /// A script's text and SHA1.
 struct Lua {
@@ -52,15 +56,15 @@ fn lua(body: &str) -> Lua {
     Lua { code, hash }
 }
 
-static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/acquire.lua")));
-static RENEW: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/renew.lua")));
-static RELEASE: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/release.lua")));
-static INSPECT: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../scripts/inspect.lua")));
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../../scripts/acquire.lua")));
+static RENEW: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../../scripts/renew.lua")));
+static RELEASE: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../../scripts/release.lua")));
+static INSPECT: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../../scripts/inspect.lua")));
 /// Force-unlock: finds the holder's token, then runs release.lua's logic for it.
 static FORCE: LazyLock<Lua> = LazyLock::new(|| {
     lua(&[
-        include_str!("../scripts/force.lua"),
-        include_str!("../scripts/release.lua"),
+        include_str!("../../scripts/force.lua"),
+        include_str!("../../scripts/release.lua"),
     ]
     .concat())
 });
@@ -807,7 +811,7 @@ impl RedisBackend {
                 };
                 if token.is_none() {
                     // force.lua's last argument: where the holder's locker hears of it.
-                    c.arg(super::pubsub::revoke_channel(key));
+                    c.arg(pubsub::revoke_channel(key));
                 }
             },
         };
@@ -1071,7 +1075,7 @@ fn is_noscript(e: &RedisError) -> bool {
 fn topology_for_messages(t: &Topology) -> String {
     match t {
         Topology::Url(u) => crate::redact::url(u),
-        Topology::Client(c) => super::topology::describe_addr(c.get_connection_info().addr()),
+        Topology::Client(c) => connector::describe_addr(c.get_connection_info().addr()),
         Topology::Cluster(seeds) => {
             let shown: Vec<String> = seeds.iter().map(|s| crate::redact::url(s)).collect();
             format!("cluster {}", shown.join(","))
