@@ -32,15 +32,14 @@ use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use crate::LockError;
 use crate::backend::contract::{Attempt, Queueing, Token};
-use crate::builder::{MAX_TTL, MIN_TTL};
 use crate::error::BackendError;
+use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::key::LockKey;
 use crate::lease::{LeaseInfo, NewLease, margin};
 use crate::locker::Locker;
-use crate::options::{LockOptions, Wait};
+use crate::options::{LockOptions, MAX_TTL, MIN_TTL, Wait};
 use crate::retry::Backoff;
 use crate::wait::{EntryHandle, Grant, Listener, Owner};
 
@@ -436,7 +435,7 @@ impl<'a> Acquisition<'a> {
             outcome = "acquired",
             "acquire"
         );
-        let monitor = monitor.unwrap_or_else(|| Arc::new(crate::lease::Monitor::closed()));
+        let monitor = monitor.unwrap_or_else(|| Arc::new(crate::monitor::Monitor::closed()));
         LockGuard::new(self.locker.clone(), monitor, info, taken.fence, entry)
     }
 

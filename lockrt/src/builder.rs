@@ -5,23 +5,19 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::LockError;
 use crate::backend::Backend;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::connector::{Auth, TlsFiles, Topology};
 use crate::backend::redis::{RedisBackend, Settings as RedisSettings, SyncReplicas, Timeouts};
+use crate::error::LockError;
 use crate::key::validate_prefix;
 use crate::locker::{Locker, Settings};
-use crate::options::Wait;
+use crate::options::{MAX_TTL, MIN_TTL, Wait};
 
 const DEFAULT_TTL: Duration = Duration::from_secs(30);
 const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_millis(100);
 const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 3600);
-/// Shortest lease: the watchdog could not renew a shorter one in time.
-pub(crate) const MIN_TTL: Duration = Duration::from_millis(30);
-/// Longest lease, fence retention and timeout: what the attribute accepts (366 days).
-pub(crate) const MAX_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// Builds a [`Locker`] with non-default settings.
 ///
@@ -330,7 +326,7 @@ impl LockerBuilder {
 
     /// This locker's owner record text (`crate::inspect::owner_text`).
     fn owner(&self, settings: &Settings) -> String {
-        crate::inspect::owner_text(self.service_name.as_deref(), settings.instance_id)
+        crate::owner::owner_text(self.service_name.as_deref(), settings.instance_id)
     }
 
     fn settings(&self) -> Result<Settings, LockError> {

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use crate::LockError;
+use crate::error::LockError;
 use crate::guard::HeldLock;
 use crate::locker::Locker;
 

@@ -11,18 +11,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::LockError;
 use crate::backend::contract::Released;
 use crate::error::BackendError;
-use crate::lease::{LeaseInfo, Monitor};
+use crate::error::LockError;
+use crate::lease::{LeaseInfo, end_lease};
 use crate::locker::Locker;
-use crate::retry::Backoff;
+use crate::monitor::Monitor;
 use crate::wait::EntryHandle;
-
-/// Retries of a release whose outcome is unknown (timeout, reset).
-const RELEASE_RETRIES: u32 = 3;
 
 /// A held lock. Dropping it releases the lock in the background; [`release`](Self::release)
 /// does it in the foreground and reports the outcome.
@@ -269,37 +264,6 @@ impl Drop for Release {
 /// Why a release that found the lock not ours is a loss.
 const LOST_AT_RELEASE: &str = "the release found the lock gone or held by another owner \
      (expired, force-unlocked, or lost by a server restart or failover)";
-
-/// Ends a lease in Redis: with `min_hold` not yet reached the lock is kept (owner-checked)
-/// until then, otherwise released by token; both leave a proof and are retried a few times
-/// when their outcome is unknown. Success only when this token's own release provably
-/// happened: a retry finds the proof its first try left, and "not ours" without it is
-/// `NotOwner` (the lock expired, was force-unlocked, or the server restarted: another owner
-/// may have held it meanwhile).
-/// Used by a guard's release and by `Locker::shutdown`.
-pub(crate) async fn end_lease(
-    backend: &crate::backend::Backend,
-    info: &LeaseInfo,
-) -> Result<Released, BackendError> {
-    if info.released.load(std::sync::atomic::Ordering::Acquire) {
-        return Ok(Released::Freed);
-    }
-    let mut backoff = Backoff::new(
-        Duration::from_millis(10),
-        Duration::from_millis(100),
-        RELEASE_RETRIES,
-    );
-    let keep_until = info.keep_until.filter(|k| *k > Instant::now());
-    loop {
-        let keep = keep_until
-            .map(|k| k.saturating_duration_since(Instant::now()))
-            .filter(|d| !d.is_zero());
-        match backend.release(&info.key, &info.token, keep).await {
-            Err(e) if backoff.retry(&e).await => {}
-            res => return res,
-        }
-    }
-}
 
 /// The lock held by the current critical section, from [`current_lock`](crate::current_lock).
 ///

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use redis::{RedisWrite, ToRedisArgs};
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// Longest accepted user key, in bytes. Redis allows far more, but a key this long is almost
 /// certainly a bug (a serialised struct), and every lock operation sends it several times.
@@ -68,6 +68,26 @@ impl LockKey {
     pub(crate) fn waiters(&self) -> Aux<'_> {
         Aux::new(&self.tag, ":w")
     }
+
+    /// The key whose lock is Redis key `name` (as `SCAN` lists it) under `prefix`: the inverse
+    /// of [`LockKey::lock`]. `None` when `name` is not under `prefix`.
+    pub(crate) fn from_lock_name(prefix: &str, name: &str) -> Option<LockKey> {
+        let escaped = name.strip_prefix(prefix)?;
+        let user = escaped
+            .replace("%7B", "{")
+            .replace("%7D", "}")
+            .replace("%25", "%");
+        Some(LockKey {
+            user: user.into(),
+            tag: format!("{{{name}}}").into(),
+        })
+    }
+}
+
+/// `{lock}:owner`, the owner record beside lock key `lock` (for callers that have only the
+/// lock's name, such as a renewal batch).
+pub(crate) fn owner_of_lock(lock: &str) -> String {
+    format!("{{{lock}}}:owner")
 }
 
 /// The suffix of a lock's release channel after its tag.
@@ -196,6 +216,20 @@ mod tests {
         assert_eq!(k.queue().to_string(), "{lock:stock:1}:q");
         assert_eq!(k.waiters().to_string(), "{lock:stock:1}:w");
         assert_eq!(tag_of_channel(&k.channel().to_string()), Some(&*k.tag));
+    }
+
+    #[test]
+    fn lock_names_parse_back_into_their_keys() {
+        for user in ["stock:1", "a%7Bb%7D%25", "{x}", "%", "}{", "100%{off}"] {
+            let k = LockKey::new("app:lock:", user).unwrap();
+            assert_eq!(
+                LockKey::from_lock_name("app:lock:", k.lock()),
+                Some(k.clone())
+            );
+        }
+        assert_eq!(LockKey::from_lock_name("app:lock:", "other:x"), None);
+        let k = LockKey::new("lock:", "job").unwrap();
+        assert_eq!(owner_of_lock(k.lock()), "{lock:job}:owner");
     }
 
     #[test]

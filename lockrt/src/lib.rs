@@ -87,7 +87,9 @@ mod key;
 mod lease;
 mod locker;
 mod metrics;
+mod monitor;
 mod options;
+mod owner;
 mod redact;
 mod retry;
 mod section;
@@ -104,9 +106,10 @@ pub use config::LockerConfig;
 pub use context::{current_lock, default_locker, set_default};
 pub use error::{BackendError, FromLockError, LockError};
 pub use guard::{HeldLock, LockGuard};
-pub use inspect::{Holder, LockInfo, MAX_LISTED};
+pub use inspect::{LockInfo, MAX_LISTED};
 pub use locker::{Locker, LockerStats};
 pub use options::{LockOptions, OnLost, Wait};
+pub use owner::Holder;
 pub use section::Checked;
 
 /// Turns an `async fn` into a critical section guarded by a distributed lock.

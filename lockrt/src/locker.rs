@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::LockError;
 use crate::backend::Backend;
 use crate::backend::contract::Released;
+use crate::error::LockError;
 use crate::key::LockKey;
-use crate::lease::{LeaseInfo, Monitor};
+use crate::lease::LeaseInfo;
+use crate::monitor::Monitor;
 use crate::options::Wait;
 use crate::wait::Notifier;
 
@@ -218,7 +219,7 @@ impl Locker {
                     instance_id: uuid::Uuid::new_v4(),
                     ..self.inner.settings.clone()
                 };
-                let owner = crate::inspect::with_instance(m.owner(), settings.instance_id);
+                let owner = crate::owner::with_instance(m.owner(), settings.instance_id);
                 let peer = Backend::Memory(m.peer(owner));
                 Some(Locker::from_backend(settings, Arc::new(peer)))
             }
@@ -332,7 +333,7 @@ impl Locker {
 
     /// One lease drained by `shutdown`: released (or kept until `min_hold`), bounded.
     async fn release_for_shutdown(&self, lease: &LeaseInfo, bound: Duration) {
-        let res = tokio::time::timeout(bound, crate::guard::end_lease(&self.inner.backend, lease));
+        let res = tokio::time::timeout(bound, crate::lease::end_lease(&self.inner.backend, lease));
         match res.await {
             Ok(Ok(Released::Freed | Released::HandedOver)) => {
                 lease.released.store(true, Ordering::Release);

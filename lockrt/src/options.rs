@@ -3,6 +3,11 @@
 
 use std::time::Duration;
 
+/// Shortest lease: the watchdog could not renew a shorter one in time.
+pub(crate) const MIN_TTL: Duration = Duration::from_millis(30);
+/// Longest lease, fence retention and timeout: what the attribute accepts (366 days).
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
+
 /// How long to wait for a busy lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

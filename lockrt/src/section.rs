@@ -15,9 +15,9 @@ use std::task::Poll;
 
 use tracing::Instrument;
 
-use crate::LockError;
 use crate::backend::contract::Released;
 use crate::context;
+use crate::error::LockError;
 use crate::guard::HeldLock;
 use crate::lease::LeaseInfo;
 use crate::locker::Locker;

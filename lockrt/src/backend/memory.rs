@@ -182,7 +182,7 @@ impl MemoryBackend {
             .state()
             .locks
             .iter()
-            .filter(|(k, h)| h.expires > now && crate::inspect::glob(pattern, k))
+            .filter(|(k, h)| h.expires > now && glob(pattern, k))
             .map(|(k, _)| k.clone())
             .collect();
         out.sort();
@@ -239,9 +239,45 @@ fn wall_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Whether `name` matches glob `pattern` (`*`, `?`, `[..]` taken literally: enough for the
+/// in-memory backend).
+fn glob(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob("lock:*", "lock:a:b"));
+        assert!(glob("lock:?", "lock:a"));
+        assert!(!glob("lock:?", "lock:ab"));
+        assert!(glob("*b*", "abc"));
+        assert!(!glob("a*c", "abd"));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_lease_ends_exactly_at_its_ttl_and_only_the_owner_renews_it() {

@@ -1,0 +1,641 @@
+//! The lease monitor (watchdog): one task per `Locker` and runtime that keeps every held lease
+//! alive and declares loss.
+//!
+//! Each lease's local deadline is in [`LeaseInfo`] (`lease.rs`). A renewal is due a third of
+//! the way into the current lease; leases due within a sixth of theirs are renewed in the same batch (one script call for many locks). A
+//! renewal still unanswered after half of what is left of its lease goes out again at once on an
+//! extra, fresh connection (hedged), so one reply lost on a live connection costs a round trip,
+//! not the lease, whatever the response timeout. A failed renewal is retried with exponential
+//! backoff inside the deadline and never moves it; a "not yours" answer, a passed deadline or a
+//! passed `max_hold` marks the lease lost.
+//!
+//! A forced unlock revokes a lease at once: while it watches a lease, the monitor has its
+//! locker listen on the revoke channel (`backend::pubsub`), and a token revoked there (or by an
+//! in-memory forced unlock) is renewed at once, owner-checked: the server's "not yours" is
+//! what declares it lost, so a message anyone could publish is only a hint (a fixed lease,
+//! which has no renewal to ask with, is declared lost by the message). The regular renewal
+//! finds a forced unlock whose message was lost.
+//!
+//! The task never blocks a guard: guards add and remove leases in a shared table under a short
+//! mutex. It is woken only when a new lease is due before its next scan; an idle task scans
+//! every shortest renewal interval it has seen. When its runtime ends, every lease it watched
+//! is marked lost and the next acquire starts a new task on its own runtime.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+
+use crate::backend::Backend;
+use crate::backend::contract::{Holders, Renewal, Renewed};
+use crate::backend::redis::pubsub::{Held, Subscriber};
+use crate::key::LockKey;
+use crate::lease::{LeaseInfo, declare_lost};
+
+/// Largest number of leases renewed by one script call.
+const MAX_BATCH: usize = 500;
+
+/// Shortest and longest pause before retrying a failed renewal.
+const RETRY_MIN: Duration = Duration::from_millis(10);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// At most one renewal-failure WARN per this long per monitor; the rest are counted.
+const WARN_EVERY: Duration = Duration::from_secs(5);
+
+struct State {
+    info: Arc<LeaseInfo>,
+    next_renew: Instant,
+    /// Leases due within this much of a scan are renewed in the same batch: a sixth of the
+    /// current lease, so a short first lease (a granted waiter's) is not renewed at once.
+    window: Duration,
+    in_flight: bool,
+    /// Renew again as soon as the renewal in flight is answered: it may have been sent before
+    /// a forced unlock that a revoke message (or a gap in listening) says may have happened.
+    recheck: bool,
+    /// Renewals failed in a row, for the retry backoff.
+    failures: u32,
+    /// The locker listens for this lease's revocation while it is watched.
+    _revocable: Option<Held>,
+}
+
+impl State {
+    fn new(info: Arc<LeaseInfo>, sent: Instant, lease: Duration, revocable: Option<Held>) -> State {
+        let mut st = State {
+            info,
+            next_renew: sent,
+            window: Duration::ZERO,
+            in_flight: false,
+            recheck: false,
+            failures: 0,
+            _revocable: revocable,
+        };
+        st.runs(sent, lease);
+        st
+    }
+
+    /// The lease now runs `lease` from `sent` (the send time of the request that got it).
+    fn runs(&mut self, sent: Instant, lease: Duration) {
+        self.info.extend(sent, lease);
+        self.next_renew = sent + lease / 3;
+        self.window = lease / 6;
+        self.failures = 0;
+    }
+
+    /// An owner-checked renewal at once (or right after the one in flight): a revoke message
+    /// is only a hint, which the server confirms or not, so nobody who can publish can cancel
+    /// a healthy section.
+    fn check_now(&mut self, now: Instant) {
+        if self.in_flight {
+            self.recheck = true;
+        } else {
+            self.next_renew = now;
+        }
+    }
+
+    fn renews(&self) -> bool {
+        self.info.watchdog
+            && !self.in_flight
+            && self.info.hold_until.is_none_or(|h| self.next_renew < h)
+    }
+
+    /// When the monitor must look at this lease next.
+    fn due(&self) -> Instant {
+        let deadline = self.info.deadline();
+        if self.renews() {
+            deadline.min(self.next_renew)
+        } else {
+            deadline
+        }
+    }
+
+    /// Schedules the retry of a failed renewal: exponential backoff, but always before the
+    /// deadline.
+    fn retry_later(&mut self, now: Instant) {
+        self.failures = self.failures.saturating_add(1);
+        // The first retry goes at once (one lost reply or a replaced connection must not cost
+        // the lease); from the second on, exponential backoff, always before the deadline.
+        if self.failures == 1 {
+            self.next_renew = now;
+        } else {
+            let base = (self.info.ttl / 30).clamp(RETRY_MIN, RETRY_MAX);
+            let backoff = base
+                .saturating_mul(1 << (self.failures - 1).min(8))
+                .min(RETRY_MAX);
+            let left = self.info.deadline().saturating_duration_since(now);
+            self.next_renew = now + backoff.min(left / 2).max(RETRY_MIN);
+        }
+        // A retry waits its backoff: it does not join an earlier batch.
+        self.window = Duration::ZERO;
+    }
+}
+
+/// What guards and the monitor task share.
+struct Shared {
+    table: Mutex<Table>,
+    wake: Notify,
+    /// Where revocations are heard (Redis).
+    subscriber: Option<Subscriber>,
+}
+
+/// Why a forced unlock's holder lost its lease.
+const FORCED: &str = "force-unlocked (Locker::force_unlock, lockctl unlock --force)";
+
+impl Shared {
+    /// The leases held with `token`: checked with an owner-checked renewal at once, or, when
+    /// the caller knows first hand (`trusted`) or the lease is fixed (no renewal to ask the
+    /// server with), declared lost now.
+    fn revoke_token(&self, token: &str, trusted: bool) {
+        let now = Instant::now();
+        let mut t = self.table();
+        let mut lost = Vec::new();
+        for (id, st) in t.leases.iter_mut() {
+            if st.info.token.as_str() != token {
+                continue;
+            }
+            if trusted || !st.info.watchdog {
+                lost.push(*id);
+            } else {
+                st.check_now(now);
+            }
+        }
+        for id in lost {
+            if let Some(st) = t.leases.remove(&id) {
+                declare_lost(&st.info, FORCED);
+            }
+        }
+        t.next_scan = Some(now);
+        drop(t);
+        self.wake.notify_one();
+    }
+}
+
+impl Holders for Shared {
+    fn revoke(&self, token: &str) {
+        self.revoke_token(token, false);
+    }
+
+    fn revoked(&self, token: &str) {
+        self.revoke_token(token, true);
+    }
+
+    fn resubscribed(&self) {
+        let now = Instant::now();
+        let mut t = self.table();
+        let mut due = false;
+        for st in t.leases.values_mut().filter(|st| st.info.watchdog) {
+            st.check_now(now);
+            due = true;
+        }
+        if due {
+            t.next_scan = Some(now);
+            drop(t);
+            self.wake.notify_one();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    leases: HashMap<u64, State>,
+    /// The task's next scan; an added lease due earlier wakes it.
+    next_scan: Option<Instant>,
+    /// The shortest time from acquire to first look of any lease seen: an idle task scans
+    /// this often, so a stream of acquire/release pairs with the same ttl never wakes it.
+    idle_step: Option<Duration>,
+    /// Set when the task is gone (its runtime shut down) or the `Locker` dropped.
+    closed: bool,
+    /// Rate limit of renewal-failure warnings.
+    last_warn: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Shared {
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // Every critical section is a few map operations; a panic can't leave it torn.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+type Outcome = (Vec<u64>, Instant, Vec<Renewed>);
+
+/// Handle to one monitor task; dropping it ends the task.
+pub(crate) struct Monitor {
+    shared: Arc<Shared>,
+}
+
+impl Monitor {
+    /// Starts a monitor task on the current runtime.
+    pub(crate) fn spawn(backend: Arc<Backend>, rt: &tokio::runtime::Handle) -> Monitor {
+        let shared = Arc::new(Shared {
+            table: Mutex::default(),
+            wake: Notify::new(),
+            subscriber: backend.subscriber(),
+        });
+        let holders: Arc<dyn Holders> = shared.clone();
+        match &*backend {
+            Backend::Redis(_) => {
+                if let Some(sub) = &shared.subscriber {
+                    sub.attach_holders(Arc::downgrade(&holders));
+                }
+            }
+            Backend::Memory(m) => m.attach_holders(Arc::downgrade(&holders)),
+        }
+        rt.spawn(run(backend, Closer(shared.clone())));
+        Monitor { shared }
+    }
+
+    /// A monitor without a task (no runtime to run one): every lease added is refused.
+    pub(crate) fn closed() -> Monitor {
+        let shared = Arc::new(Shared {
+            table: Mutex::default(),
+            wake: Notify::new(),
+            subscriber: None,
+        });
+        shared.table().closed = true;
+        Monitor { shared }
+    }
+
+    /// Whether the task still runs (its runtime has not shut down).
+    pub(crate) fn alive(&self) -> bool {
+        !self.shared.table().closed
+    }
+
+    /// Starts watching a lease taken by a request sent at `sent` for `lease`. `false` when the
+    /// task is gone: nobody can renew, so the caller must not pretend to hold.
+    pub(crate) fn add(&self, info: Arc<LeaseInfo>, sent: Instant, lease: Duration) -> bool {
+        let revocable = self.shared.subscriber.as_ref().map(|s| s.hold(&info.key));
+        let st = State::new(info, sent, lease, revocable);
+        let due = st.due();
+        // Never scan idle more often than MIN_IDLE_STEP: shorter leases just wake the task.
+        let step = due.saturating_duration_since(sent).max(MIN_IDLE_STEP);
+        let mut t = self.shared.table();
+        if t.closed {
+            return false;
+        }
+        t.leases.insert(st.info.id, st);
+        t.idle_step = Some(t.idle_step.map_or(step, |s| s.min(step)));
+        if t.next_scan.is_none_or(|at| due < at) {
+            t.next_scan = Some(due);
+            drop(t);
+            self.shared.wake.notify_one();
+        }
+        true
+    }
+
+    /// Stops the task and hands over every lease it watched (shutdown).
+    pub(crate) fn drain(&self) -> Vec<Arc<LeaseInfo>> {
+        let mut t = self.shared.table();
+        t.closed = true;
+        let leases = t.leases.drain().map(|(_, st)| st.info).collect();
+        drop(t);
+        self.shared.wake.notify_one();
+        leases
+    }
+
+    /// Stops watching (release or drop). Never blocks; the task is not woken, a scan that
+    /// finds nothing costs nothing.
+    pub(crate) fn remove(&self, id: u64) {
+        self.shared.table().leases.remove(&id);
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.shared.table().closed = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+/// Owned by the task: marks the table closed however the task ends (including its runtime
+/// dropping it), so the leases it watched are reported lost instead of silently unwatched.
+struct Closer(Arc<Shared>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        let mut t = self.0.table();
+        t.closed = true;
+        for st in t.leases.values() {
+            st.info.lost.cancel();
+            st.info.leave_turn();
+        }
+        t.leases.clear();
+    }
+}
+
+async fn run(backend: Arc<Backend>, closer: Closer) {
+    let shared = &closer.0;
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Outcome>();
+    loop {
+        let Some((due, wake)) = scan(&mut shared.table()) else {
+            break;
+        };
+        for batch in batches(due, |key| backend.renewal_group(key)) {
+            tokio::spawn(renew(backend.clone(), batch, done_tx.clone()));
+        }
+        tokio::select! {
+            biased;
+            () = shared.wake.notified() => {}
+            Some(first) = done_rx.recv() => {
+                // Every outcome that is in, before the next scan: one per slot on a cluster.
+                let mut t = shared.table();
+                let more = std::iter::from_fn(|| done_rx.try_recv().ok());
+                for (ids, sent, res) in std::iter::once(first).chain(more) {
+                    apply_outcome(&mut t, &ids, sent, res);
+                }
+            }
+            () = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}
+
+/// Declares passed deadlines, collects the renewals due and says when to look next; `None`
+/// once closed.
+fn scan(t: &mut Table) -> Option<(Vec<Arc<LeaseInfo>>, Instant)> {
+    if t.closed {
+        return None;
+    }
+    let now = Instant::now();
+    let mut due: Vec<Arc<LeaseInfo>> = Vec::new();
+    t.leases.retain(|_, st| {
+        if st.info.deadline() <= now {
+            let why = if st.info.hold_until.is_some_and(|h| h <= now) {
+                "held for max_hold; the watchdog stopped"
+            } else {
+                "no successful renewal before the lease deadline"
+            };
+            declare_lost(&st.info, why);
+            return false;
+        }
+        if st.renews() && st.next_renew <= now + st.window {
+            st.in_flight = true;
+            due.push(st.info.clone());
+        }
+        true
+    });
+    let wake = t
+        .leases
+        .values()
+        .map(State::due)
+        .min()
+        .unwrap_or_else(|| now + t.idle_step.unwrap_or(IDLE_SCAN));
+    t.next_scan = Some(wake);
+    Some((due, wake))
+}
+
+/// Splits the due leases into renewal calls: one group (cluster slot) per call, so a slow
+/// master delays only its own leases' outcomes, and at most [`MAX_BATCH`] leases per call.
+fn batches(
+    due: Vec<Arc<LeaseInfo>>,
+    group: impl Fn(&LockKey) -> u16,
+) -> impl Iterator<Item = Vec<Arc<LeaseInfo>>> {
+    let mut groups: HashMap<u16, Vec<Arc<LeaseInfo>>> = HashMap::new();
+    for lease in due {
+        groups.entry(group(&lease.key)).or_default().push(lease);
+    }
+    groups.into_values().flat_map(|mut g| {
+        let mut out = Vec::with_capacity(g.len().div_ceil(MAX_BATCH));
+        while !g.is_empty() {
+            let rest = g.split_off(g.len().min(MAX_BATCH));
+            out.push(std::mem::replace(&mut g, rest));
+        }
+        out
+    })
+}
+
+async fn renew(
+    backend: Arc<Backend>,
+    batch: Vec<Arc<LeaseInfo>>,
+    done: mpsc::UnboundedSender<Outcome>,
+) {
+    let ids = batch.iter().map(|l| l.id).collect();
+    let renewals: Vec<Renewal<'_>> = batch
+        .iter()
+        .map(|l| Renewal {
+            lock: l.key.lock(),
+            token: &l.token,
+            lease: l.ttl,
+        })
+        .collect();
+    let sent = Instant::now();
+    let hedge_at = hedge_time(sent, batch.iter().map(|l| l.deadline()));
+    let res = backend.renew_hedged(&renewals, hedge_at).await;
+    let _ = done.send((ids, sent, res));
+}
+
+/// When a renewal sent at `sent` and still unanswered is sent again on a fresh connection:
+/// after half of what is left of the earliest of the batch's leases (`deadlines`), so one
+/// reply lost on a live connection costs a reconnect and a round trip, never the lease, and
+/// the response timeout (which may be as long as the lease) does not come into it.
+fn hedge_time(sent: Instant, deadlines: impl Iterator<Item = Instant>) -> Instant {
+    let left = deadlines
+        .map(|d| d.saturating_duration_since(sent))
+        .min()
+        .unwrap_or_default();
+    sent + (left / HEDGE_SHARE).max(HEDGE_MIN)
+}
+
+/// The share of the lease left after which an unanswered renewal is hedged (a half: the
+/// hedge has the other half for a new connection and its round trip).
+const HEDGE_SHARE: u32 = 2;
+
+/// A renewal is never hedged sooner than this: a round trip that slow is no lost reply.
+const HEDGE_MIN: Duration = Duration::from_millis(5);
+
+/// The shortest idle scan interval, so a locker that once held a very short lease does not
+/// keep waking often while idle.
+const MIN_IDLE_STEP: Duration = Duration::from_millis(100);
+
+/// How long a monitor that has never seen a lease sleeps before looking again (an added lease
+/// due earlier wakes it).
+const IDLE_SCAN: Duration = Duration::from_secs(3600);
+
+fn apply_outcome(t: &mut Table, ids: &[u64], sent: Instant, res: Vec<Renewed>) {
+    let now = Instant::now();
+    let mut failed = None;
+    for (id, renewed) in ids.iter().zip(res) {
+        let Some(st) = t.leases.get_mut(id) else {
+            continue;
+        };
+        st.in_flight = false;
+        match renewed {
+            Ok(true) => {
+                let ttl = st.info.ttl;
+                st.runs(sent, ttl);
+                if std::mem::take(&mut st.recheck) {
+                    st.next_renew = now;
+                }
+            }
+            Ok(false) => {
+                declare_lost(&st.info, "the lock is held by another owner or expired");
+                t.leases.remove(id);
+            }
+            // Only the leases whose renewal failed wait for a retry (per key, per slot).
+            Err(e) => {
+                st.retry_later(now);
+                failed = Some((e, failed.map_or(1, |(_, n)| n + 1)));
+            }
+        }
+    }
+    if let Some((e, n)) = failed {
+        warn_limited(t, now, &e, n);
+    }
+}
+
+/// One WARN per `WARN_EVERY`, naming how many were suppressed since the last.
+fn warn_limited(t: &mut Table, now: Instant, e: &crate::error::BackendError, leases: usize) {
+    crate::metrics::renewal_failed(leases);
+    if t.last_warn.is_some_and(|at| now < at + WARN_EVERY) {
+        t.suppressed += 1;
+        return;
+    }
+    tracing::warn!(error = %e, leases, suppressed = t.suppressed, "lease renewal failed; retrying with backoff before the deadline");
+    t.last_warn = Some(now);
+    t.suppressed = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::contract::{Attempt, Token};
+    use crate::backend::memory::MemoryBackend;
+    use crate::lease::margin;
+    use crate::lease::tests::{SAFETY, lease};
+
+    fn setup(ttl: Duration, max_hold: Option<Duration>) -> (Arc<Backend>, Arc<LeaseInfo>) {
+        let backend = Arc::new(Backend::Memory(MemoryBackend::default()));
+        let key = LockKey::new("lock:", "k").unwrap();
+        let token = Token::new();
+        let Backend::Memory(m) = &*backend else {
+            unreachable!()
+        };
+        assert!(matches!(
+            m.acquire(&key, &token, ttl),
+            Attempt::Acquired { .. }
+        ));
+        (backend, lease(1, key, token, ttl, max_hold))
+    }
+
+    fn pttl(backend: &Backend) -> Option<Duration> {
+        let Backend::Memory(m) = backend else {
+            unreachable!()
+        };
+        m.pttl("lock:k")
+    }
+
+    #[test]
+    fn renewal_batches_hold_one_group_and_at_most_max_batch() {
+        let leases: Vec<Arc<LeaseInfo>> = (0..1_203u64)
+            .map(|id| {
+                let key = LockKey::new("lock:", &format!("k{id}")).unwrap();
+                lease(id, key, Token::new(), Duration::from_secs(3), None)
+            })
+            .collect();
+        // Two groups: 1,083 leases in group 0 (three calls), 120 in group 1 (one call).
+        let group = |k: &LockKey| u16::from(k.lock().ends_with('7'));
+        let out: Vec<_> = batches(leases, group).collect();
+        let mut sizes: Vec<usize> = out.iter().map(Vec::len).collect();
+        sizes.sort_unstable();
+        assert_eq!(sizes, [83, 120, 500, 500]);
+        for b in &out {
+            assert!(b.iter().all(|l| group(&l.key) == group(&b[0].key)));
+        }
+        let mut ids: Vec<u64> = out.iter().flatten().map(|l| l.id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..1_203).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_renewal_is_hedged_after_half_of_the_earliest_lease_left() {
+        let sent = Instant::now();
+        let at = |ms| sent + Duration::from_millis(ms);
+        assert_eq!(hedge_time(sent, [at(900), at(600)].into_iter()), at(300));
+        assert_eq!(hedge_time(sent, [at(2)].into_iter()), sent + HEDGE_MIN);
+        assert_eq!(hedge_time(sent, std::iter::empty()), sent + HEDGE_MIN);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewal_comes_a_third_into_the_lease_and_moves_the_deadline() {
+        let ttl = Duration::from_secs(3);
+        let (backend, info) = setup(ttl, None);
+        let start = Instant::now();
+        let monitor = Monitor::spawn(backend.clone(), &tokio::runtime::Handle::current());
+        assert!(monitor.add(info.clone(), start, ttl));
+        tokio::time::sleep(Duration::from_millis(999)).await;
+        assert_eq!(
+            info.deadline(),
+            start + ttl - margin(ttl, SAFETY),
+            "not yet renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::task::yield_now().await;
+        let renewed_at = start + Duration::from_secs(1);
+        assert_eq!(info.deadline(), renewed_at + ttl - margin(ttl, SAFETY));
+        assert_eq!(pttl(&backend), Some(ttl - Duration::from_millis(1)));
+        // Held through many periods.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(!info.is_lost());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn taken_over_lease_is_lost_at_the_next_renewal() {
+        let ttl = Duration::from_secs(3);
+        let (backend, info) = setup(ttl, None);
+        let start = Instant::now();
+        let monitor = Monitor::spawn(backend.clone(), &tokio::runtime::Handle::current());
+        assert!(monitor.add(info.clone(), start, ttl));
+        let Backend::Memory(m) = &*backend else {
+            unreachable!()
+        };
+        assert!(m.release(&info.key, &info.token), "tampered from outside");
+        tokio::time::timeout(Duration::from_secs(2), info.lost())
+            .await
+            .expect("loss seen at the renewal a third in, before the deadline");
+        assert!(Instant::now() < start + ttl - margin(ttl, SAFETY));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_hold_stops_the_watchdog_and_reports_loss() {
+        let ttl = Duration::from_secs(3);
+        let (backend, info) = setup(ttl, Some(Duration::from_secs(10)));
+        let start = Instant::now();
+        let monitor = Monitor::spawn(backend.clone(), &tokio::runtime::Handle::current());
+        assert!(monitor.add(info.clone(), start, ttl));
+        tokio::time::timeout(Duration::from_secs(60), info.lost())
+            .await
+            .expect("lost at max_hold");
+        assert_eq!(Instant::now(), start + Duration::from_secs(10));
+        // No renewal after max_hold: the server-side lease runs out within a ttl.
+        tokio::time::sleep(ttl).await;
+        assert_eq!(pttl(&backend), None);
+    }
+
+    #[test]
+    fn a_dead_runtime_marks_its_leases_lost_and_a_new_monitor_can_start() {
+        let ttl = Duration::from_secs(3);
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let first = runtime();
+        let (backend, info, monitor) = first.block_on(async {
+            let (backend, info) = setup(ttl, None);
+            let monitor = Monitor::spawn(backend.clone(), &tokio::runtime::Handle::current());
+            assert!(monitor.add(info.clone(), Instant::now(), ttl));
+            tokio::task::yield_now().await;
+            (backend, info, monitor)
+        });
+        drop(first);
+        assert!(info.is_lost(), "its runtime is gone: nobody renews it");
+        assert!(!monitor.alive());
+        runtime().block_on(async {
+            let (_, info2) = setup(ttl, None);
+            let fresh = Monitor::spawn(backend, &tokio::runtime::Handle::current());
+            assert!(fresh.add(info2.clone(), Instant::now(), ttl));
+            assert!(!info2.is_lost());
+        });
+    }
+}
