@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use crate::Locker;
+use crate::locker::Locker;
 
 /// Runs `fut` with `locker` as the default that `#[distributed_lock]` (without
 /// `locker = ...`) and [`default_locker`](crate::default_locker) use, inside `fut` only and

@@ -11,9 +11,9 @@ use std::fmt::Write as _;
 use std::io;
 use std::time::{Duration, Instant};
 
-use super::RedisServer;
-use super::cluster::{Daemon, query, redis_server, wait_until};
-use super::free_port;
+use super::process::{Daemon, free_port, query, redis_server, wait_until};
+use super::server::RedisServer;
+use super::tls::TlsMaterial;
 
 /// `down-after-milliseconds`: a silent master is down after 1 s.
 const DOWN_AFTER_MS: u64 = 1000;
@@ -92,7 +92,7 @@ impl RedisSentinelGroup {
     pub fn start_tls(
         service: &str,
         sentinels: usize,
-        material: &super::TlsMaterial,
+        material: &TlsMaterial,
     ) -> io::Result<RedisSentinelGroup> {
         RedisSentinelGroup::start_inner(service, sentinels, Some(material), &[])
     }
@@ -100,7 +100,7 @@ impl RedisSentinelGroup {
     fn start_inner(
         service: &str,
         sentinels: usize,
-        tls: Option<&super::TlsMaterial>,
+        tls: Option<&TlsMaterial>,
         args: &[&str],
     ) -> io::Result<RedisSentinelGroup> {
         check_group(service, sentinels)?;
@@ -352,7 +352,7 @@ fn check_group(service: &str, sentinels: usize) -> io::Result<()> {
 
 /// The `redis-server` settings that make a process speak TLS on `port` with `material`'s
 /// server certificate, replicate over TLS and connect to others with it; clients need none.
-fn tls_settings(port: u16, material: &super::TlsMaterial) -> Vec<(String, String)> {
+fn tls_settings(port: u16, material: &TlsMaterial) -> Vec<(String, String)> {
     let path = |p: std::path::PathBuf| p.display().to_string();
     vec![
         ("tls-port".into(), port.to_string()),
@@ -366,7 +366,7 @@ fn tls_settings(port: u16, material: &super::TlsMaterial) -> Vec<(String, String
 
 /// A data server with `args`, quick to sync a replica; with `tls`, also on a TLS port.
 /// Returns it and the port the sentinels will know it by.
-fn data_server(args: &[&str], tls: Option<&super::TlsMaterial>) -> io::Result<(RedisServer, u16)> {
+fn data_server(args: &[&str], tls: Option<&TlsMaterial>) -> io::Result<(RedisServer, u16)> {
     let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     for a in [
         "--repl-diskless-sync",
@@ -400,7 +400,7 @@ struct Monitor<'a> {
 fn start_sentinel(
     dir: &tempfile::TempDir,
     monitor: &Monitor<'_>,
-    tls: Option<&super::TlsMaterial>,
+    tls: Option<&TlsMaterial>,
 ) -> io::Result<(Daemon, Option<u16>)> {
     let conf = dir.path().join("sentinel.conf");
     let log = dir.path().join("sentinel.log");
@@ -429,7 +429,7 @@ fn sentinel_conf(
     log: &std::path::Path,
     port: u16,
     m: &Monitor<'_>,
-    tls: Option<(u16, &super::TlsMaterial)>,
+    tls: Option<(u16, &TlsMaterial)>,
 ) -> String {
     let Monitor {
         service,

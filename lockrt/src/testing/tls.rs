@@ -17,8 +17,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use super::cluster::{Daemon, redis_cli, redis_server, run_bounded};
-use super::free_port;
+use super::process::{Daemon, free_port, redis_cli, redis_server, run_bounded};
 
 /// How long a fresh TLS server may take to answer a TLS `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
