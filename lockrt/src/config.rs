@@ -6,7 +6,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{LockError, LockerBuilder, Wait};
+use crate::builder::LockerBuilder;
+use crate::error::LockError;
+use crate::options::Wait;
 
 /// A [`LockerBuilder`]'s settings as data, e.g. a section of a service's configuration file.
 /// Every field is optional: what is unset keeps the builder's default. With the `serde`

@@ -86,7 +86,7 @@ pub fn current_lock() -> Option<HeldLock> {
 fn _assert_send_sync() {
     fn is<T: Send + Sync + 'static>() {}
     is::<Locker>();
-    is::<crate::LockGuard>();
+    is::<crate::guard::LockGuard>();
     is::<LockError>();
     is::<Arc<str>>();
 }
