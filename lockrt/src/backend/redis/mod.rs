@@ -1,84 +1,34 @@
-//! Redis, whatever the topology ([`Connector`]): the three lock scripts over one pipelined
-//! connection (requests from all tasks share it), which this module replaces whenever it can no
-//! longer be trusted.
-//!
-//! A pipelined connection pairs replies with requests by order only, so one reply that never
-//! comes (dropped by a middlebox while the TCP connection stays up, or a response timeout)
-//! shifts every later reply onto the wrong request. Two rules keep that from ever handing a
-//! lock to the wrong caller: every script echoes a request id first in its reply, and a reply
-//! with another id, a response timeout or an I/O error discards the connection (the next
-//! request opens a new one, bounded by the connect timeout; for Sentinel that resolves the
-//! master again). `READONLY` (a demoted master) and a Sentinel-announced master switch discard
-//! it too. A cluster connection is many node connections: one that timed out or lost a node
-//! stays in use while a new one (with a fresh slot map) is built in the background, because
-//! building one waits for every node, a frozen one too. redis-rs's `ConnectionManager`
-//! reconnects on I/O errors only, not on timeouts, which is why this module keeps its own
-//! connection ([`Link`]).
-//!
-//! Scripts run by `EVALSHA`, and by `EVAL` on the same connection after `NOSCRIPT`: that loads
-//! the script on the server that needs it (a cluster slot's master) and nowhere else. With
-//! `sync_replicas(n, timeout)`, a `WAIT` follows each acquire and renewal in the same
-//! pipeline, and a write fewer than `n` replicas acknowledged does not count. Releases are not
-//! acknowledged: a waiter a release hands the lock to confirms it with an acquire (which is).
+//! Redis, whatever the topology ([`Connector`]): the three lock scripts ([`scripts`]) over one
+//! pipelined connection (requests from all tasks share it), which [`Link`] replaces whenever it
+//! can no longer be trusted.
 //!
 //! Owns credential hygiene: every error leaving this module is scrubbed of the password.
 
 pub(crate) mod connector;
 mod diagnose;
+mod link;
 pub(crate) mod pubsub;
+mod scripts;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{AsyncConnectionConfig, Cmd, RedisError, RetryMethod, Script, Value};
+use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
 
 use self::connector::{Conn, Connector, TlsFiles, Topology};
-use self::diagnose::diagnose;
+use self::link::Link;
 use self::pubsub::Subscriber;
+use self::scripts::{
+    ACQUIRE, Call, FORCE, INSPECT, RELEASE, RENEW, Scripts, ints, lock_keys, per_lease,
+};
 use crate::backend::contract::{Attempt, Queueing, Released, Renewal, Renewed, Token, millis};
 use crate::error::BackendError;
 use crate::key::{LockKey, slot_of};
 
-/// Functions the scripts share (`owns`, `take_lock`, the request id), prepended to each.
-const PRELUDE: &str = include_str!("../../scripts/lock.lua");
-
-/// A script's text and SHA1.
-struct Lua {
-    code: String,
-    hash: String,
-}
-
-fn lua(body: &str) -> Lua {
-    let code = [PRELUDE, body].concat();
-    let hash = Script::new(&code).get_hash().to_owned();
-    Lua { code, hash }
-}
-
-static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../../scripts/acquire.lua")));
-static RENEW: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../../scripts/renew.lua")));
-static RELEASE: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../../scripts/release.lua")));
-static INSPECT: LazyLock<Lua> = LazyLock::new(|| lua(include_str!("../../scripts/inspect.lua")));
-/// Force-unlock: finds the holder's token, then runs release.lua's logic for it.
-static FORCE: LazyLock<Lua> = LazyLock::new(|| {
-    lua(&[
-        include_str!("../../scripts/force.lua"),
-        include_str!("../../scripts/release.lua"),
-    ]
-    .concat())
-});
-
 /// `{lock}:owner`, the holder's identity beside lock `lock` (same slot, same PTTL).
 pub(crate) fn owner_key(lock: &str) -> String {
-    format!("{{{lock}}}:owner")
-}
-
-/// One script call: its keys, and its arguments after the request id.
-struct Call<K, A> {
-    nkeys: usize,
-    keys: K,
-    args: A,
+    crate::key::owner_of_lock(lock)
 }
 
 /// Parses the topology into a [`Connector`]; an invalid URL or setting is a permanent error
@@ -104,50 +54,6 @@ fn connector(
         .permanent()
     })
 }
-
-/// A script's reply without its request id, and, when `sync_replicas` asked for
-/// acknowledgement and too few replicas gave it, the error saying so (the script ran).
-struct Reply {
-    values: Vec<Value>,
-    unacknowledged: Option<BackendError>,
-}
-
-impl Reply {
-    /// The values, if the write counts.
-    fn acknowledged(self) -> Result<Vec<Value>, BackendError> {
-        match self.unacknowledged {
-            None => Ok(self.values),
-            Some(e) => Err(e),
-        }
-    }
-}
-
-/// `EVALSHA hash …` or `EVAL code …` for `call`, with the request id as the first argument.
-fn script_cmd<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
-    verb: &str,
-    script: &str,
-    rid: u64,
-    call: &Call<K, A>,
-) -> Cmd {
-    let mut cmd = redis::cmd(verb);
-    cmd.arg(script).arg(call.nkeys);
-    (call.keys)(&mut cmd);
-    cmd.arg(rid);
-    (call.args)(&mut cmd);
-    cmd
-}
-
-/// The cluster slot of a script call's first key (all of its keys share it): where its
-/// `WAIT` must go. Arguments: verb, script, key count, then the keys.
-fn first_key_slot(cmd: &Cmd) -> u16 {
-    match cmd.args_iter().nth(3) {
-        Some(redis::Arg::Simple(key)) => slot_of(key),
-        _ => 0,
-    }
-}
-
-/// Request ids: unique per process, which is all that can share a connection.
-static NEXT_RID: AtomicU64 = AtomicU64::new(1);
 
 /// The oldest server the scripts run on (`TIME` after writes needs effect replication).
 const MIN_VERSION: (u32, u32) = (5, 0);
@@ -177,122 +83,13 @@ pub(crate) struct Settings {
     pub(crate) owner: String,
 }
 
-/// The command connection in use, its generation (so that a request that found it broken
-/// discards only the one it used, not a fresh one another request already opened) and the
-/// master-switch count it was opened under ([`Connector::epoch`]).
-type Slot = Option<(Conn, u64, u64)>;
-
-/// The command connection and how to replace it; shared with background rebuilds.
-struct Link {
-    connector: Arc<Connector>,
-    timeouts: Timeouts,
-    /// Longest `WAIT` (`sync_replicas`): replies may take that much longer.
-    wait: Duration,
-    slot: Mutex<Slot>,
-    /// Held while opening a connection: one connect at a time, the others wait for it.
-    connecting: tokio::sync::Mutex<()>,
-    generation: AtomicU64,
-    /// A background rebuild is under way (or cooling down).
-    rebuilding: AtomicBool,
-}
-
-impl Link {
-    fn new(connector: Arc<Connector>, timeouts: Timeouts, wait: Duration) -> Link {
-        Link {
-            connector,
-            timeouts,
-            wait,
-            slot: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            generation: AtomicU64::new(0),
-            rebuilding: AtomicBool::new(false),
-        }
-    }
-
-    fn config(&self) -> AsyncConnectionConfig {
-        AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeouts.connect))
-            .set_response_timeout(Some(self.timeouts.response.saturating_add(self.wait)))
-    }
-
-    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
-        // Only ever a clone or a replacement under the lock: a panic can't leave it torn.
-        self.slot.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The connection in the slot, unless it predates the latest master switch.
-    fn current(&self) -> Option<(Conn, u64)> {
-        let epoch = self.connector.epoch();
-        let mut slot = self.slot();
-        match slot.clone() {
-            Some((c, g, e)) if e == epoch => Some((c, g)),
-            Some(_) => {
-                *slot = None;
-                None
-            }
-            None => None,
-        }
-    }
-
-    /// Puts `conn`, opened under master-switch count `epoch`, in use.
-    fn install(&self, conn: Conn, epoch: u64) -> (Conn, u64) {
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        *self.slot() = Some((conn.clone(), generation, epoch));
-        (conn, generation)
-    }
-
-    /// Stops using connection `generation`: the next request opens a new one.
-    fn discard(&self, generation: u64) {
-        let mut slot = self.slot();
-        if slot.as_ref().is_some_and(|(_, g, _)| *g == generation) {
-            *slot = None;
-        }
-    }
-
-    /// Builds a new connection on the current runtime and swaps it in when it is ready,
-    /// unless one is being built already; the old one serves meanwhile. At most one
-    /// rebuild per response timeout.
-    fn rebuild_in_background(self: &Arc<Self>) {
-        if self.rebuilding.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            self.rebuilding.store(false, Ordering::Release);
-            return;
-        };
-        let guard = Rebuilding(self.clone());
-        rt.spawn(async move {
-            let link = &guard.0;
-            let limit =
-                (link.timeouts.connect.saturating_add(link.timeouts.response)).saturating_mul(2);
-            let epoch = link.connector.epoch();
-            let cfg = link.config();
-            let built = tokio::time::timeout(limit, link.connector.connect(&cfg));
-            if let Ok(Ok(conn)) = built.await {
-                link.install(conn, epoch);
-            }
-            tokio::time::sleep(link.timeouts.response).await;
-        });
-    }
-}
-
-/// Clears `rebuilding` however the rebuild ends (also when its runtime drops it).
-struct Rebuilding(Arc<Link>);
-
-impl Drop for Rebuilding {
-    fn drop(&mut self) {
-        self.0.rebuilding.store(false, Ordering::Release);
-    }
-}
-
 pub(crate) struct RedisBackend {
     connector: Arc<Connector>,
     addr: String,
-    secrets: Vec<String>,
     timeouts: Timeouts,
     fence_retention: Duration,
-    sync: Option<SyncReplicas>,
     link: Arc<Link>,
+    scripts: Scripts,
     subscriber: Subscriber,
     owner: String,
 }
@@ -319,19 +116,24 @@ impl RedisBackend {
             timeouts.connect.saturating_add(timeouts.response),
             secrets.clone(),
         );
-        let link = Arc::new(Link::new(connector.clone(), timeouts, wait));
+        let link = Arc::new(Link::new(
+            connector.clone(),
+            addr.clone(),
+            secrets,
+            timeouts,
+            wait,
+        ));
         let backend = RedisBackend {
             connector,
             addr,
-            secrets,
             timeouts,
             fence_retention,
-            sync,
-            link,
+            link: link.clone(),
+            scripts: Scripts::new(link, sync),
             subscriber,
             owner,
         };
-        let (mut conn, _) = backend.conn().await?;
+        let (mut conn, _) = backend.link.conn().await?;
         backend.check_version(&mut conn).await?;
         Ok(backend)
     }
@@ -342,71 +144,6 @@ impl RedisBackend {
 
     pub(crate) fn subscriber(&self) -> Subscriber {
         self.subscriber.clone()
-    }
-
-    /// The connection in use, opening one when there is none or the master switched since.
-    async fn conn(&self) -> Result<(Conn, u64), BackendError> {
-        // Sentinel: a master no Sentinel named within the last second (a deaf watcher may
-        // have missed a switch) is confirmed first; when none answers, nothing is sent.
-        if !self.connector.master_confirmed() {
-            Box::pin(self.connector.confirm_master())
-                .await
-                .map_err(|u| match u.last.map(|e| self.error(&e)) {
-                    // TLS, credentials: the advice any connection would get.
-                    Some(e) if !e.is_transient() => e,
-                    _ => BackendError::new(self.addr.clone(), self.scrub(&u.why))
-                        .with_hint("check that the Sentinels are running and reachable"),
-                })?;
-        }
-        if let Some(c) = self.link.current() {
-            return Ok(c);
-        }
-        // Boxed: connecting is rare, and its future is large; inline it would grow every
-        // request's future (and every future awaiting a lock) by its size.
-        Box::pin(self.reconnect()).await
-    }
-
-    async fn reconnect(&self) -> Result<(Conn, u64), BackendError> {
-        let _one = self.link.connecting.lock().await;
-        if let Some(c) = self.link.current() {
-            return Ok(c);
-        }
-        // Read before resolving the master: a switch during the connect makes it stale.
-        let epoch = self.connector.epoch();
-        let conn = tokio::time::timeout(
-            self.timeouts.connect.saturating_add(self.timeouts.response),
-            self.connector.connect(&self.link.config()),
-        )
-        .await
-        .map_err(|_| {
-            BackendError::new(
-                self.addr.clone(),
-                format!("no connection within {:?}", self.timeouts.connect),
-            )
-            .with_hint("check that Redis is running, reachable and not overloaded")
-        })?
-        .map_err(|e| self.error(&e))?;
-        Ok(self.link.install(conn, epoch))
-    }
-
-    /// After a request on connection `generation` failed with `e`: a connection that can't
-    /// be trusted any more is replaced, a cluster's in the background.
-    fn after_failure(&self, generation: u64, e: &RedisError) {
-        let cluster = self.connector.is_cluster();
-        // redis-rs follows redirections (inside a routed pipeline too) a few times; one that
-        // still reaches here means its slot map stays stale: a new connection reads it anew.
-        let moved = matches!(
-            e.retry_method(),
-            RetryMethod::MovedRedirect | RetryMethod::AskRedirect
-        );
-        if !(needs_new_connection(e) || cluster && moved) {
-            return;
-        }
-        if cluster {
-            self.link.rebuild_in_background();
-        } else {
-            self.link.discard(generation);
-        }
     }
 
     /// Refuses servers older than the scripts need, with a command an ACL-restricted user
@@ -422,10 +159,10 @@ impl RedisBackend {
                     .arg("server")
                     .query_async(conn)
                     .await
-                    .map_err(|e| self.error(&e))?;
+                    .map_err(|e| self.link.error(&e))?;
                 version_in_info(&info)
             }
-            Err(e) => return Err(self.error(&e)),
+            Err(e) => return Err(self.link.error(&e)),
         };
         match version {
             Some(v) if v < MIN_VERSION => Err(BackendError::new(
@@ -438,137 +175,6 @@ impl RedisBackend {
             .permanent()),
             _ => Ok(()),
         }
-    }
-
-    /// A scrubbed error naming cause and fix, transient or not as redis-rs's own
-    /// `retry_method` says.
-    fn error(&self, e: &RedisError) -> BackendError {
-        diagnose(&self.addr, self.connector.is_cluster(), e, |m| {
-            self.scrub(m)
-        })
-    }
-
-    fn scrub(&self, msg: &str) -> String {
-        crate::redact::scrub_secrets(msg, &self.secrets)
-    }
-
-    /// Runs `script` with the keys and arguments `fill` appends (after the request id
-    /// `rid`), and returns its reply without the id. `wait`: follow it with `WAIT` and check
-    /// the configured replica acknowledgements (see [`Reply`]). A reply with another id (a
-    /// shifted pipeline), a timeout or a broken connection discards the connection and is a
-    /// transient error: the request may or may not have run.
-    async fn invoke<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
-        &self,
-        script: &Lua,
-        wait: bool,
-        call: Call<K, A>,
-    ) -> Result<Reply, BackendError> {
-        let on = self.conn().await?;
-        self.invoke_on(on, script, wait, call).await
-    }
-
-    /// [`invoke`](Self::invoke) on connection `on` (with its generation), so that a hedged
-    /// call knows which connection its first try went out on.
-    async fn invoke_on<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
-        &self,
-        (mut conn, generation): (Conn, u64),
-        script: &Lua,
-        wait: bool,
-        call: Call<K, A>,
-    ) -> Result<Reply, BackendError> {
-        let rid = NEXT_RID.fetch_add(1, Ordering::Relaxed);
-        let sync = self.sync.filter(|_| wait);
-        let cmd = script_cmd("EVALSHA", &script.hash, rid, &call);
-        let mut res = self.send(&mut conn, sync, cmd).await;
-        if res.as_ref().is_err_and(is_noscript) {
-            // Loads it where it is needed, on the same connection and node.
-            let cmd = script_cmd("EVAL", &script.code, rid, &call);
-            res = self.send(&mut conn, sync, cmd).await;
-        }
-        let mut reply = match res {
-            Ok(r) => r,
-            Err(e) => {
-                self.after_failure(generation, &e);
-                return Err(self.error(&e));
-            }
-        };
-        let acks = if sync.is_some() { reply.pop() } else { None };
-        let Value::Array(mut reply) = reply.pop().unwrap_or(Value::Nil) else {
-            self.link.discard(generation);
-            return Err(self.mismatch());
-        };
-        if reply.is_empty() || !is_rid(&reply[0], rid) {
-            self.link.discard(generation);
-            return Err(self.mismatch());
-        }
-        reply.remove(0);
-        let unacknowledged = match (sync, acks) {
-            (Some(sync), Some(acks)) => self.check_acks(sync, &acks).err(),
-            _ => None,
-        };
-        Ok(Reply {
-            values: reply,
-            unacknowledged,
-        })
-    }
-
-    /// The script call alone, or followed by `WAIT` in one pipeline (so `WAIT` counts the
-    /// script's own writes on the same server).
-    async fn send(
-        &self,
-        conn: &mut Conn,
-        sync: Option<SyncReplicas>,
-        cmd: Cmd,
-    ) -> Result<Vec<Value>, RedisError> {
-        // Server errors come back as values here; make them errors, as `query_async` does.
-        match sync {
-            None => Ok(vec![conn.req_packed_command(&cmd).await?.extract_error()?]),
-            Some(s) => {
-                let slot = first_key_slot(&cmd);
-                let mut pipe = redis::pipe();
-                pipe.add_command(cmd)
-                    .cmd("WAIT")
-                    .arg(s.replicas)
-                    .arg(millis(s.timeout));
-                let mut replies = conn.pipeline_at(pipe, slot).await?.into_iter();
-                let script = replies.next().unwrap_or(Value::Nil).extract_error()?;
-                // The script ran: an error answering `WAIT` (an ACL without `+wait`) is an
-                // unacknowledged write, which the caller releases, not a failed request.
-                Ok(vec![script, replies.next().unwrap_or(Value::Nil)])
-            }
-        }
-    }
-
-    fn check_acks(&self, sync: SyncReplicas, acks: &Value) -> Result<(), BackendError> {
-        if let Value::ServerError(e) = acks {
-            return Err(self.error(&RedisError::from(e.clone())));
-        }
-        let acked = match acks {
-            Value::Int(n) => *n,
-            _ => 0,
-        };
-        if acked >= i64::from(sync.replicas) {
-            return Ok(());
-        }
-        Err(BackendError::new(
-            self.addr.clone(),
-            format!(
-                "only {acked} of the {} required replicas acknowledged the write within {:?}",
-                sync.replicas, sync.timeout
-            ),
-        )
-        .with_hint(
-            "the lock does not count and was released; retry later (a failover may be under \
-             way, or a replica is down or lagging)",
-        ))
-    }
-
-    fn mismatch(&self) -> BackendError {
-        BackendError::new(
-            self.addr.clone(),
-            "a reply belonging to another request arrived (a reply was lost on the \
-             connection); reconnecting",
-        )
     }
 
     pub(crate) async fn acquire(
@@ -599,7 +205,7 @@ impl RedisBackend {
                     .arg(&self.owner);
             },
         };
-        let reply = self.invoke(&ACQUIRE, true, call).await?;
+        let reply = self.scripts.invoke(&ACQUIRE, true, call).await?;
         if let Some(e) = reply.unacknowledged {
             // Not acknowledged: the lock must not count, so it must not stay either. No proof
             // and no mark: the acquisition goes on with this token, and a proof from before it
@@ -652,7 +258,7 @@ impl RedisBackend {
         hedge_at: tokio::time::Instant,
     ) -> Vec<Renewed> {
         let asked = tokio::time::Instant::now();
-        let on = match self.conn().await {
+        let on = match self.link.conn().await {
             Ok(on) => on,
             Err(e) => return per_lease(Err(e), batch.len()),
         };
@@ -703,7 +309,7 @@ impl RedisBackend {
         )
         .await
         .map_err(|_| BackendError::new(self.addr.clone(), "no connection for a hedged renewal"))?
-        .map_err(|e| self.error(&e))?;
+        .map_err(|e| self.link.error(&e))?;
         // Generation 0 is never installed: a failure on this connection discards nothing else.
         let out = self.renew_one_call(batch, Some((conn.clone(), 0))).await?;
         self.link.install(conn, epoch);
@@ -736,8 +342,8 @@ impl RedisBackend {
             },
         };
         let reply = match on {
-            Some(on) => self.invoke_on(on, &RENEW, true, call).await?,
-            None => self.invoke(&RENEW, true, call).await?,
+            Some(on) => self.scripts.invoke_on(on, &RENEW, true, call).await?,
+            None => self.scripts.invoke(&RENEW, true, call).await?,
         };
         let out = ints(&reply.acknowledged()?);
         if out.len() != batch.len() {
@@ -773,7 +379,7 @@ impl RedisBackend {
 
     /// Whether a write counts only once replicas acknowledged it (`sync_replicas`).
     pub(crate) fn acknowledged_only(&self) -> bool {
-        self.sync.is_some()
+        self.scripts.acknowledged_only()
     }
 
     /// release.lua for `token`, or force.lua (for whichever token holds the lock) with `None`.
@@ -816,7 +422,7 @@ impl RedisBackend {
             },
         };
         let script = if token.is_some() { &*RELEASE } else { &*FORCE };
-        let reply = ints(&self.invoke(script, false, call).await?.values);
+        let reply = ints(&self.scripts.invoke(script, false, call).await?.values);
         Ok(match reply.first() {
             Some(0) => Released::NotOwner,
             Some(2) => Released::HandedOver,
@@ -867,7 +473,7 @@ impl RedisBackend {
             },
             args: |_: &mut Cmd| {},
         };
-        let reply = self.invoke(&INSPECT, false, call).await?.values;
+        let reply = self.scripts.invoke(&INSPECT, false, call).await?.values;
         let text = |i: usize| match reply.get(i) {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
             Some(Value::SimpleString(s)) => s.clone(),
@@ -892,12 +498,12 @@ impl RedisBackend {
         pattern: &str,
         limit: usize,
     ) -> Result<Vec<String>, BackendError> {
-        let (mut conn, generation) = self.conn().await?;
+        let (mut conn, generation) = self.link.conn().await?;
         let masters = match self.connector.masters(&mut conn).await {
             Ok(m) => m,
             Err(e) => {
-                self.after_failure(generation, &e);
-                return Err(self.error(&e));
+                self.link.after_failure(generation, &e);
+                return Err(self.link.error(&e));
             }
         };
         let mut out = Vec::new();
@@ -905,15 +511,15 @@ impl RedisBackend {
             None => scan_one(&mut conn, pattern, limit, &mut out)
                 .await
                 .map_err(|e| {
-                    self.after_failure(generation, &e);
-                    self.error(&e)
+                    self.link.after_failure(generation, &e);
+                    self.link.error(&e)
                 })?,
             Some(clients) => {
                 for client in clients {
                     let mut node = self.node_conn(&client).await?;
                     scan_one(&mut node, pattern, limit, &mut out)
                         .await
-                        .map_err(|e| self.error(&e))?;
+                        .map_err(|e| self.link.error(&e))?;
                 }
             }
         }
@@ -937,7 +543,7 @@ impl RedisBackend {
         )
         .await
         .map_err(|_| BackendError::new(self.addr.clone(), "a cluster node did not answer in time"))?
-        .map_err(|e| self.error(&e))
+        .map_err(|e| self.link.error(&e))
     }
 }
 
@@ -979,38 +585,6 @@ pub(crate) struct RawLock {
     pub(crate) waiters: i64,
 }
 
-/// Errors after which the connection can't be trusted to pair replies with requests, or
-/// talks to a server that is no longer the master (`READONLY`: redis-rs only refreshes a
-/// cluster's slot map for it, a Sentinel connection would stay on the demoted master).
-fn needs_new_connection(e: &RedisError) -> bool {
-    e.is_timeout()
-        || e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_unrecoverable_error()
-        || matches!(
-            e.retry_method(),
-            RetryMethod::Reconnect | RetryMethod::RefreshSlotsAndRetry
-        )
-}
-
-fn is_rid(v: &Value, rid: u64) -> bool {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok() == Some(rid.to_string().as_str()),
-        _ => false,
-    }
-}
-
-/// The integers of a script reply (anything else reads as 0, which every caller treats as
-/// the cautious answer: not acquired, not renewed, not released).
-fn ints(v: &[Value]) -> Vec<i64> {
-    v.iter()
-        .map(|x| match x {
-            Value::Int(i) => *i,
-            _ => 0,
-        })
-        .collect()
-}
-
 /// `(major, minor)` from a `HELLO` reply (a map in RESP3, a flat list in RESP2).
 fn version_in_hello(v: &Value) -> Option<(u32, u32)> {
     let text = |v: &Value| match v {
@@ -1045,30 +619,9 @@ fn parse_version(v: &str) -> Option<(u32, u32)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-/// One call's result as one outcome per lease.
-fn per_lease(res: Result<Vec<bool>, BackendError>, n: usize) -> Vec<Renewed> {
-    match res {
-        Ok(v) => v.into_iter().map(Ok).collect(),
-        Err(e) => vec![Err(e); n],
-    }
-}
-
 /// `{lock}:done:<token>`: proof that `token`'s own release happened (release.lua's KEYS[6]).
 fn done_key(key: &LockKey, token: &Token) -> String {
     format!("{}:done:{}", key.tag, token.as_str())
-}
-
-/// The five names one lock's acquire- and release-shaped scripts take, in their KEYS order.
-fn lock_keys(c: &mut Cmd, key: &LockKey, owner: &str) {
-    c.arg(key.lock())
-        .arg(key.fence())
-        .arg(key.queue())
-        .arg(key.waiters())
-        .arg(owner);
-}
-
-fn is_noscript(e: &RedisError) -> bool {
-    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 /// The configured servers, without credentials, for errors raised before a connection.
@@ -1119,12 +672,5 @@ mod tests {
             Some((4, 0))
         );
         assert!((4, 0) < MIN_VERSION && (5, 0) >= MIN_VERSION);
-    }
-
-    #[test]
-    fn request_ids_must_match() {
-        assert!(is_rid(&Value::BulkString(b"42".to_vec()), 42));
-        assert!(!is_rid(&Value::BulkString(b"41".to_vec()), 42));
-        assert!(!is_rid(&Value::Nil, 42));
     }
 }

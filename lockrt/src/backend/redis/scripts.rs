@@ -1,0 +1,322 @@
+//! The Lua scripts, and one script call: its request id, `EVALSHA` or `EVAL`, the `WAIT`
+//! after it, and its reply paired with it ([`Scripts`]).
+//!
+//! A pipelined connection pairs replies with requests by order only, so one reply that never
+//! comes (dropped by a middlebox while the TCP connection stays up, or a response timeout)
+//! shifts every later reply onto the wrong request. Two rules keep that from ever handing a
+//! lock to the wrong caller: every script echoes a request id first in its reply, and a reply
+//! with another id, a response timeout or an I/O error discards the connection (the next
+//! request opens a new one, bounded by the connect timeout; for Sentinel that resolves the
+//! master again; see [`Link`]).
+//!
+//! Scripts run by `EVALSHA`, and by `EVAL` on the same connection after `NOSCRIPT`: that loads
+//! the script on the server that needs it (a cluster slot's master) and nowhere else. With
+//! `sync_replicas(n, timeout)`, a `WAIT` follows each acquire and renewal in the same
+//! pipeline, and a write fewer than `n` replicas acknowledged does not count. Releases are not
+//! acknowledged: a waiter a release hands the lock to confirms it with an acquire (which is).
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, RedisError, RedisWrite, Script, ToRedisArgs, Value};
+
+use super::SyncReplicas;
+use super::connector::Conn;
+use super::link::Link;
+use crate::backend::contract::{Renewed, millis};
+use crate::error::BackendError;
+use crate::key::{Aux, LockKey, slot_of};
+
+/// Functions the scripts share (`owns`, `take_lock`, the request id), prepended to each.
+const PRELUDE: &str = include_str!("../../scripts/lock.lua");
+
+/// A script's text and SHA1.
+pub(crate) struct Lua {
+    code: String,
+    hash: String,
+}
+
+fn lua(body: &str) -> Lua {
+    let code = [PRELUDE, body].concat();
+    let hash = Script::new(&code).get_hash().to_owned();
+    Lua { code, hash }
+}
+
+pub(crate) static ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| lua(include_str!("../../scripts/acquire.lua")));
+pub(crate) static RENEW: LazyLock<Lua> =
+    LazyLock::new(|| lua(include_str!("../../scripts/renew.lua")));
+pub(crate) static RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| lua(include_str!("../../scripts/release.lua")));
+pub(crate) static INSPECT: LazyLock<Lua> =
+    LazyLock::new(|| lua(include_str!("../../scripts/inspect.lua")));
+/// Force-unlock: finds the holder's token, then runs release.lua's logic for it.
+pub(crate) static FORCE: LazyLock<Lua> = LazyLock::new(|| {
+    lua(&[
+        include_str!("../../scripts/force.lua"),
+        include_str!("../../scripts/release.lua"),
+    ]
+    .concat())
+});
+
+/// One script call: its keys, and its arguments after the request id.
+pub(crate) struct Call<K, A> {
+    pub(crate) nkeys: usize,
+    pub(crate) keys: K,
+    pub(crate) args: A,
+}
+
+/// A script's reply without its request id, and, when `sync_replicas` asked for
+/// acknowledgement and too few replicas gave it, the error saying so (the script ran).
+pub(crate) struct Reply {
+    pub(crate) values: Vec<Value>,
+    pub(crate) unacknowledged: Option<BackendError>,
+}
+
+impl Reply {
+    /// The values, if the write counts.
+    pub(crate) fn acknowledged(self) -> Result<Vec<Value>, BackendError> {
+        match self.unacknowledged {
+            None => Ok(self.values),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+/// `EVALSHA hash …` or `EVAL code …` for `call`, with the request id as the first argument.
+fn script_cmd<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
+    verb: &str,
+    script: &str,
+    rid: u64,
+    call: &Call<K, A>,
+) -> Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script).arg(call.nkeys);
+    (call.keys)(&mut cmd);
+    cmd.arg(rid);
+    (call.args)(&mut cmd);
+    cmd
+}
+
+/// The cluster slot of a script call's first key (all of its keys share it): where its
+/// `WAIT` must go. Arguments: verb, script, key count, then the keys.
+fn first_key_slot(cmd: &Cmd) -> u16 {
+    match cmd.args_iter().nth(3) {
+        Some(redis::Arg::Simple(key)) => slot_of(key),
+        _ => 0,
+    }
+}
+
+/// Request ids: unique per process, which is all that can share a connection.
+static NEXT_RID: AtomicU64 = AtomicU64::new(1);
+
+/// Runs scripts on the managed connection, with the configured replica acknowledgements.
+pub(crate) struct Scripts {
+    link: Arc<Link>,
+    sync: Option<SyncReplicas>,
+}
+
+impl Scripts {
+    pub(crate) fn new(link: Arc<Link>, sync: Option<SyncReplicas>) -> Scripts {
+        Scripts { link, sync }
+    }
+
+    /// Whether a write counts only once replicas acknowledged it (`sync_replicas`).
+    pub(crate) fn acknowledged_only(&self) -> bool {
+        self.sync.is_some()
+    }
+
+    /// Runs `script` with the keys and arguments `fill` appends (after the request id
+    /// `rid`), and returns its reply without the id. `wait`: follow it with `WAIT` and check
+    /// the configured replica acknowledgements (see [`Reply`]). A reply with another id (a
+    /// shifted pipeline), a timeout or a broken connection discards the connection and is a
+    /// transient error: the request may or may not have run.
+    pub(crate) async fn invoke<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
+        &self,
+        script: &Lua,
+        wait: bool,
+        call: Call<K, A>,
+    ) -> Result<Reply, BackendError> {
+        let on = self.link.conn().await?;
+        self.invoke_on(on, script, wait, call).await
+    }
+
+    /// [`invoke`](Self::invoke) on connection `on` (with its generation), so that a hedged
+    /// call knows which connection its first try went out on.
+    pub(crate) async fn invoke_on<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
+        &self,
+        (mut conn, generation): (Conn, u64),
+        script: &Lua,
+        wait: bool,
+        call: Call<K, A>,
+    ) -> Result<Reply, BackendError> {
+        let rid = NEXT_RID.fetch_add(1, Ordering::Relaxed);
+        let sync = self.sync.filter(|_| wait);
+        let cmd = script_cmd("EVALSHA", &script.hash, rid, &call);
+        let mut res = self.send(&mut conn, sync, cmd).await;
+        if res.as_ref().is_err_and(is_noscript) {
+            // Loads it where it is needed, on the same connection and node.
+            let cmd = script_cmd("EVAL", &script.code, rid, &call);
+            res = self.send(&mut conn, sync, cmd).await;
+        }
+        let mut reply = match res {
+            Ok(r) => r,
+            Err(e) => {
+                self.link.after_failure(generation, &e);
+                return Err(self.link.error(&e));
+            }
+        };
+        let acks = if sync.is_some() { reply.pop() } else { None };
+        let Value::Array(mut reply) = reply.pop().unwrap_or(Value::Nil) else {
+            self.link.discard(generation);
+            return Err(self.mismatch());
+        };
+        if reply.is_empty() || !is_rid(&reply[0], rid) {
+            self.link.discard(generation);
+            return Err(self.mismatch());
+        }
+        reply.remove(0);
+        let unacknowledged = match (sync, acks) {
+            (Some(sync), Some(acks)) => self.check_acks(sync, &acks).err(),
+            _ => None,
+        };
+        Ok(Reply {
+            values: reply,
+            unacknowledged,
+        })
+    }
+
+    /// The script call alone, or followed by `WAIT` in one pipeline (so `WAIT` counts the
+    /// script's own writes on the same server).
+    async fn send(
+        &self,
+        conn: &mut Conn,
+        sync: Option<SyncReplicas>,
+        cmd: Cmd,
+    ) -> Result<Vec<Value>, RedisError> {
+        // Server errors come back as values here; make them errors, as `query_async` does.
+        match sync {
+            None => Ok(vec![conn.req_packed_command(&cmd).await?.extract_error()?]),
+            Some(s) => {
+                let slot = first_key_slot(&cmd);
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd)
+                    .cmd("WAIT")
+                    .arg(s.replicas)
+                    .arg(millis(s.timeout));
+                let mut replies = conn.pipeline_at(pipe, slot).await?.into_iter();
+                let script = replies.next().unwrap_or(Value::Nil).extract_error()?;
+                // The script ran: an error answering `WAIT` (an ACL without `+wait`) is an
+                // unacknowledged write, which the caller releases, not a failed request.
+                Ok(vec![script, replies.next().unwrap_or(Value::Nil)])
+            }
+        }
+    }
+
+    fn check_acks(&self, sync: SyncReplicas, acks: &Value) -> Result<(), BackendError> {
+        if let Value::ServerError(e) = acks {
+            return Err(self.link.error(&RedisError::from(e.clone())));
+        }
+        let acked = match acks {
+            Value::Int(n) => *n,
+            _ => 0,
+        };
+        if acked >= i64::from(sync.replicas) {
+            return Ok(());
+        }
+        Err(BackendError::new(
+            self.link.addr().to_owned(),
+            format!(
+                "only {acked} of the {} required replicas acknowledged the write within {:?}",
+                sync.replicas, sync.timeout
+            ),
+        )
+        .with_hint(
+            "the lock does not count and was released; retry later (a failover may be under \
+             way, or a replica is down or lagging)",
+        ))
+    }
+
+    fn mismatch(&self) -> BackendError {
+        BackendError::new(
+            self.link.addr().to_owned(),
+            "a reply belonging to another request arrived (a reply was lost on the \
+             connection); reconnecting",
+        )
+    }
+}
+
+fn is_rid(v: &Value, rid: u64) -> bool {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok() == Some(rid.to_string().as_str()),
+        _ => false,
+    }
+}
+
+/// The integers of a script reply (anything else reads as 0, which every caller treats as
+/// the cautious answer: not acquired, not renewed, not released).
+pub(crate) fn ints(v: &[Value]) -> Vec<i64> {
+    v.iter()
+        .map(|x| match x {
+            Value::Int(i) => *i,
+            _ => 0,
+        })
+        .collect()
+}
+
+/// One call's result as one outcome per lease.
+pub(crate) fn per_lease(res: Result<Vec<bool>, BackendError>, n: usize) -> Vec<Renewed> {
+    match res {
+        Ok(v) => v.into_iter().map(Ok).collect(),
+        Err(e) => vec![Err(e); n],
+    }
+}
+
+/// The five names one lock's acquire- and release-shaped scripts take, in their KEYS order.
+pub(crate) fn lock_keys(c: &mut Cmd, key: &LockKey, owner: &str) {
+    c.arg(key.lock())
+        .arg(key.fence())
+        .arg(key.queue())
+        .arg(key.waiters())
+        .arg(owner);
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// An auxiliary name goes into a command as one argument, written straight into the
+/// command's buffer (no `String` built for it).
+impl ToRedisArgs for Aux<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut w = out.writer_for_next_arg();
+        // Writing into the command's own buffer cannot fail.
+        let _ = write!(w, "{self}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_must_match() {
+        assert!(is_rid(&Value::BulkString(b"42".to_vec()), 42));
+        assert!(!is_rid(&Value::BulkString(b"41".to_vec()), 42));
+        assert!(!is_rid(&Value::Nil, 42));
+    }
+
+    #[test]
+    fn aux_names_are_written_as_one_argument() {
+        let k = LockKey::new("lock:", "stock:1").unwrap();
+        let args = redis::cmd("X")
+            .arg(k.fence())
+            .arg(k.queue())
+            .get_packed_command();
+        let text = String::from_utf8(args).unwrap();
+        assert!(text.contains("$20\r\n{lock:stock:1}:fence\r\n"), "{text:?}");
+        assert!(text.contains("$16\r\n{lock:stock:1}:q\r\n"), "{text:?}");
+    }
+}
