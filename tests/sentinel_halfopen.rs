@@ -3,7 +3,7 @@
 //! between the locker and the only sentinel; the test itself talks to the sentinel directly
 //! (failover, `+switch-master`) and to the data servers.
 
-mod topology_support;
+mod support;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -11,8 +11,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lockrt::testing::{FaultProxy, RedisSentinelGroup};
 use lockrt::{LockError, LockOptions, Locker};
+use support::topology::{Raw, figure, ms, ms_f, within};
 use tokio::time::Instant;
-use topology_support::{Raw, figure, ms, ms_f, within};
 
 const SERVICE: &str = "locks";
 

@@ -3,17 +3,15 @@
 //! wrong password gets the authentication message; and no error, `Debug` output or log line
 //! ever contains the password.
 
-#[path = "support/logs.rs"]
-mod logs;
-mod topology_support;
+mod support;
 
 use std::sync::LazyLock;
 
 use lockrt::testing::RedisServer;
 use lockrt::{LockError, LockOptions, Locker};
-use logs::{LogBuf, capture};
+use support::logs::{LogBuf, capture};
+use support::topology::{Raw, assert_woken_promptly, figure, ms, ms_f, spawn_waiter};
 use tokio::time::Instant;
-use topology_support::{Raw, assert_woken_promptly, figure, ms, ms_f, spawn_waiter};
 
 /// The rules `ACL_HINT` documents (lockrt/src/backend/diagnose.rs), for the default prefix.
 const RULES: &str = "~lock:* ~{lock:* &{lock:* +evalsha +eval +subscribe +unsubscribe +ping \

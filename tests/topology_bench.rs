@@ -8,14 +8,14 @@
 //!
 //! and it prints a markdown table (`BENCH_PAIRS`, `BENCH_HANDOFFS` change the sizes).
 
-mod topology_support;
+mod support;
 
 use std::time::Duration;
 
 use lockrt::testing::{RedisCluster, RedisServer};
 use lockrt::{LockOptions, Locker, LockerBuilder};
+use support::topology::{Raw, ms};
 use tokio::time::Instant;
-use topology_support::{Raw, ms};
 
 fn size(var: &str, default: usize) -> usize {
     std::env::var(var)

@@ -5,14 +5,14 @@
 //! a standalone locker pointed at a cluster node gives. Failover and migration are in
 //! `topology_cluster_faults.rs`.
 
-mod topology_support;
+mod support;
 
 use std::collections::BTreeSet;
 
 use lockrt::testing::{RedisCluster, slot_of};
 use lockrt::{LockError, LockOptions, Locker, distributed_lock};
+use support::topology::{Raw, Topo, figure, ms, ms_f};
 use tokio::time::Instant;
-use topology_support::{Raw, Topo, figure, ms, ms_f};
 
 async fn topo(cluster: &RedisCluster) -> Topo {
     let seeds = cluster.seed_urls();
@@ -115,7 +115,7 @@ async fn renewals_across_slots(cluster: &RedisCluster, t: &Topo) {
             "cmdstat_evalsha:",
         ));
     }
-    topology_support::renewals(t, &keys).await;
+    support::topology::renewals(t, &keys).await;
     let mut calls = Vec::new();
     let mut crossslot = 0;
     for (m, before) in before.iter().enumerate() {
@@ -285,12 +285,12 @@ async fn cluster_behaviour_suite() {
         format!("3 masters ready in {}", ms_f(started.elapsed())),
     );
     let t = topo(&cluster).await;
-    topology_support::acquire_release(&t).await;
-    topology_support::mutual_exclusion(&t).await;
-    topology_support::hand_off(&t, 10).await;
+    support::topology::acquire_release(&t).await;
+    support::topology::mutual_exclusion(&t).await;
+    support::topology::hand_off(&t, 10).await;
     renewals_across_slots(&cluster, &t).await;
-    topology_support::fencing(&t).await;
-    topology_support::loss_detection(&t).await;
+    support::topology::fencing(&t).await;
+    support::topology::loss_detection(&t).await;
     attribute(&cluster, &t).await;
     noscript_after_flush(&cluster, &t).await;
     standalone_locker_on_cluster_node(&cluster).await;

@@ -4,7 +4,7 @@
 //! `sync_replicas` with one master's replica frozen. Each test
 //! prints its measured figures (`FIGURE ...`).
 
-mod topology_support;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use lockrt::testing::{RedisCluster, slot_of};
 use lockrt::{LockOptions, Locker};
+use support::proxy_faults::held;
+use support::topology::{Raw, assert_woken_promptly, figure, ms, ms_f, spawn_waiter, within};
 use tokio::time::Instant;
-use topology_support::{Raw, assert_woken_promptly, figure, held, ms, ms_f, spawn_waiter, within};
 
 /// A user key whose lock key master `master` serves.
 fn key_on(cluster: &RedisCluster, master: usize, stem: &str) -> String {

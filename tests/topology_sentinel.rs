@@ -3,12 +3,12 @@
 //! (locks usable on the new master right after the switch), and `sync_replicas`: no lock counts
 //! unless a replica acknowledged it, also on a demoted master that still takes writes.
 
-mod topology_support;
+mod support;
 
 use lockrt::testing::RedisSentinelGroup;
 use lockrt::{LockError, LockOptions, Locker, distributed_lock};
+use support::topology::{Raw, Topo, figure, ms, ms_f, within};
 use tokio::time::Instant;
-use topology_support::{Raw, Topo, figure, ms, ms_f, within};
 
 const SERVICE: &str = "locks";
 
@@ -55,38 +55,38 @@ async fn role(port: u16) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_acquire_release() {
     let g = group();
-    topology_support::acquire_release(&topo(&g).await).await;
+    support::topology::acquire_release(&topo(&g).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_mutual_exclusion() {
     let g = group();
-    topology_support::mutual_exclusion(&topo(&g).await).await;
+    support::topology::mutual_exclusion(&topo(&g).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_hand_off() {
     let g = group();
-    topology_support::hand_off(&topo(&g).await, 10).await;
+    support::topology::hand_off(&topo(&g).await, 10).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_renewals() {
     let g = group();
     let keys: Vec<String> = (0..4).map(|i| format!("ren{i}")).collect();
-    topology_support::renewals(&topo(&g).await, &keys).await;
+    support::topology::renewals(&topo(&g).await, &keys).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_fencing() {
     let g = group();
-    topology_support::fencing(&topo(&g).await).await;
+    support::topology::fencing(&topo(&g).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_loss_detection() {
     let g = group();
-    topology_support::loss_detection(&topo(&g).await).await;
+    support::topology::loss_detection(&topo(&g).await).await;
 }
 
 /// `redis+sentinel://host:port/<service>` builds the same locker as `.sentinel(..)`.

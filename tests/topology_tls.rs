@@ -7,15 +7,15 @@
 //! `SSL_CERT_FILE` is trusted (checked in a child process, the only place the environment is
 //! set), and `tls_ca_pem` replaces it.
 
-mod topology_support;
+mod support;
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use lockrt::testing::{RedisSentinelGroup, RedisTlsServer, TlsMaterial};
 use lockrt::{LockError, LockOptions, Locker};
+use support::topology::{Raw, TempDir, figure, ms, ms_f};
 use tokio::time::Instant;
-use topology_support::{Raw, TempDir, figure, ms, ms_f};
 
 fn material(dir: &TempDir) -> TlsMaterial {
     TlsMaterial::generate(&dir.0).expect("generate a CA and certificates")

@@ -6,6 +6,7 @@
 pub mod history;
 pub mod logs;
 pub mod proxy_faults;
+pub mod topology;
 
 use std::path::PathBuf;
 use std::time::Duration;

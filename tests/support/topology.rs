@@ -5,8 +5,6 @@
 //! Every case prints one `FIGURE <case>: ...` line (RELIABILITY.md collects them) and panics
 //! with the case's name in the message when the behaviour is broken.
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,14 +14,9 @@ use redis::aio::ConnectionLike;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Value};
 use tokio::time::Instant;
 
-pub fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// Prints a measured figure: `FIGURE <case>: <text>`.
-pub fn figure(case: &str, text: impl std::fmt::Display) {
-    println!("FIGURE {case}: {text}");
-}
+// Shared with the other tests, re-exported so that a topology test imports from one place.
+pub use super::ms;
+pub use super::proxy_faults::{figure, within};
 
 /// Milliseconds with two decimals, for figures.
 pub fn ms_f(d: Duration) -> String {
@@ -35,21 +28,6 @@ pub fn p50(v: &[Duration]) -> Duration {
     let mut v = v.to_vec();
     v.sort();
     v[v.len() / 2]
-}
-
-/// Polls `cond` every 5 ms until it holds or `limit` passes; how long it took, or `None`.
-/// Only for state no event announces (a server's role, a key's presence).
-pub async fn within(limit: Duration, mut cond: impl AsyncFnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        if cond().await {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        tokio::time::sleep(ms(5)).await;
-    }
 }
 
 /// A task in which `locker` waits up to `wait` for `key`: the moment the wait ended, and what
@@ -64,14 +42,6 @@ pub fn spawn_waiter(
         let g = locker.acquire(&key, LockOptions::new().wait(wait)).await;
         (Instant::now(), g)
     })
-}
-
-/// `key` taken by `locker` with a lease of `ttl` (renewed by the watchdog).
-pub async fn held(locker: &Locker, key: &str, ttl: Duration) -> LockGuard {
-    locker
-        .acquire(key, LockOptions::new().ttl(ttl))
-        .await
-        .unwrap()
 }
 
 /// A waiter served `handoff` after the release was woken by the release's message, not by its
