@@ -7,7 +7,9 @@
 pub(crate) mod connector;
 mod diagnose;
 mod link;
+mod listener;
 pub(crate) mod pubsub;
+mod revoke;
 mod scripts;
 
 use std::sync::Arc;
@@ -417,7 +419,7 @@ impl RedisBackend {
                 };
                 if token.is_none() {
                     // force.lua's last argument: where the holder's locker hears of it.
-                    c.arg(pubsub::revoke_channel(key));
+                    c.arg(revoke::revoke_channel(key));
                 }
             },
         };

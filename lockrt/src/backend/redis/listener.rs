@@ -1,0 +1,490 @@
+//! The subscriber task ([`Task`]): the one owner of a locker's pub/sub connection, driven by
+//! the commands of its handle (`pubsub.rs`); it also listens on the revoke channels its
+//! locker's held leases want (`revoke.rs`).
+//!
+//! The task reports to the waiting side through [`Events`]: a message on a lock's channel, or
+//! "messages may have been missed" (a new or lost connection, or a Sentinel master switch,
+//! after which it resubscribes on the new master), after which every waiter retries. It never
+//! decides anything about locks. The task restarts on the runtime of the next subscriber when
+//! its own runtime is gone, and ends when the `Locker` is dropped. Its errors are diagnosed
+//! like the command connection's (a channel the ACL denies names the rules).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::connector::Connector;
+use super::diagnose::diagnose;
+use super::revoke::Revocations;
+use crate::backend::contract::Events;
+use crate::error::BackendError;
+use crate::key::{channel_of, tag_of_channel};
+
+/// How long a channel stays subscribed after its last listener left: a wait that starts
+/// within it needs no `SUBSCRIBE` round trip.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// Delay before reconnecting after a failed (re)subscription.
+const RECONNECT_DELAY: Duration = Duration::from_millis(200);
+
+/// While a channel is subscribed, a connection silent for this long is asked `PING`; one
+/// that does not answer within the timeout (half-open, or on a frozen node) is replaced and
+/// every waiter retries, rather than each learning of releases from its fallback timer only.
+const KEEPALIVE: Duration = Duration::from_secs(1);
+
+/// (Un)subscribe the release channel of the lock with this tag, or a revoke channel.
+pub(crate) enum SubCmd {
+    Subscribe(Arc<str>, oneshot::Sender<Result<(), BackendError>>),
+    Unsubscribe(Arc<str>),
+    /// A lease is held under this revoke channel (the first one).
+    Hold(Arc<str>),
+    /// No lease is held under this revoke channel any more.
+    Unhold(Arc<str>),
+}
+
+/// How the task reaches Redis.
+pub(crate) struct Remote {
+    pub(crate) connector: Arc<Connector>,
+    pub(crate) addr: String,
+    pub(crate) timeout: Duration,
+    /// The passwords, to scrub from messages.
+    pub(crate) secrets: Vec<String>,
+}
+
+/// One thing the task reacts to.
+enum Event {
+    Cmd(Option<SubCmd>),
+    LingerEnded,
+    Message(Option<redis::Msg>),
+    Reconnect,
+    /// The Sentinels named another master: this connection may be on the demoted one.
+    MasterSwitched,
+    /// The connection has been silent for [`KEEPALIVE`].
+    Silent,
+}
+
+/// The subscriber task's state: the connection, which channels it has subscribed, which of
+/// those linger without listeners, and when to reconnect.
+pub(crate) struct Task {
+    remote: Arc<Remote>,
+    events: Weak<dyn Events>,
+    conn: Option<(PubSubSink, PubSubStream)>,
+    subscribed: HashSet<Arc<str>>,
+    lingering: HashMap<Arc<str>, Instant>,
+    reconnect_at: Option<Instant>,
+    /// Connections made so far: a cluster subscriber moves to the next node each time.
+    round: usize,
+    /// Master switches (Sentinel only).
+    switches: Option<watch::Receiver<u64>>,
+    /// When the connection last proved alive (connected, a message, a `PING` answered).
+    heard: Instant,
+    revocations: Arc<Revocations>,
+    /// Revoke channels subscribed on this connection, and when those no lease is held under
+    /// any more are unsubscribed.
+    revoke_subscribed: HashSet<Arc<str>>,
+    revoke_lingering: HashMap<Arc<str>, Instant>,
+    /// Revoke channels the server refused on this connection (an ACL): not asked again on it.
+    revoke_refused: HashSet<Arc<str>>,
+}
+
+impl Task {
+    pub(crate) fn new(
+        remote: Arc<Remote>,
+        events: Weak<dyn Events>,
+        revocations: Arc<Revocations>,
+    ) -> Task {
+        let switches = remote.connector.switches();
+        Task {
+            remote,
+            events,
+            conn: None,
+            subscribed: HashSet::new(),
+            lingering: HashMap::new(),
+            reconnect_at: None,
+            round: 0,
+            switches,
+            heard: Instant::now(),
+            revocations,
+            revoke_subscribed: HashSet::new(),
+            revoke_lingering: HashMap::new(),
+            revoke_refused: HashSet::new(),
+        }
+    }
+
+    pub(crate) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<SubCmd>) {
+        loop {
+            if self.events.strong_count() == 0 {
+                break;
+            }
+            match self.next(&mut rx).await {
+                Event::Cmd(None) => break,
+                Event::Cmd(Some(SubCmd::Subscribe(tag, reply))) => {
+                    let res = self.on_subscribe(&tag).await;
+                    let _ = reply.send(res);
+                }
+                Event::Cmd(Some(SubCmd::Unsubscribe(tag))) => {
+                    if self.subscribed.contains(&tag) {
+                        self.lingering.insert(tag, Instant::now() + LINGER);
+                    }
+                }
+                Event::Cmd(Some(SubCmd::Hold(channel))) => {
+                    self.revoke_lingering.remove(&channel);
+                    self.subscribe_revoke(&channel).await;
+                }
+                Event::Cmd(Some(SubCmd::Unhold(channel))) => {
+                    if self.revoke_subscribed.contains(&channel) {
+                        self.revoke_lingering
+                            .insert(channel, Instant::now() + LINGER);
+                    }
+                }
+                Event::LingerEnded => self.on_linger_ended().await,
+                Event::Message(Some(msg)) => {
+                    self.heard = Instant::now();
+                    self.on_message(&msg);
+                }
+                Event::Silent => self.on_silent().await,
+                Event::Message(None) => {
+                    tracing::warn!(addr = %self.remote.addr, "lost the pub/sub connection; reconnecting");
+                    self.reset(Instant::now());
+                }
+                Event::Reconnect => self.on_reconnect().await,
+                Event::MasterSwitched => {
+                    if self.conn.is_some() {
+                        tracing::info!(addr = %self.remote.addr, "master switched; resubscribing on the new master");
+                        self.reset(Instant::now());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn next(&mut self, rx: &mut mpsc::UnboundedReceiver<SubCmd>) -> Event {
+        let reconnect_at = self.reconnect_at;
+        let linger_end = (self.lingering.values())
+            .chain(self.revoke_lingering.values())
+            .min()
+            .copied();
+        let listening = !self.subscribed.is_empty() || !self.revoke_subscribed.is_empty();
+        let ping_at = (self.conn.is_some() && listening).then(|| self.heard + KEEPALIVE);
+        let conn = &mut self.conn;
+        let switches = &mut self.switches;
+        tokio::select! {
+            cmd = rx.recv() => Event::Cmd(cmd),
+            () = switched(switches) => Event::MasterSwitched,
+            () = sleep_until(linger_end) => Event::LingerEnded,
+            msg = async {
+                match conn.as_mut() {
+                    Some((_, stream)) => stream.next().await,
+                    None => std::future::pending().await,
+                }
+            } => Event::Message(msg),
+            () = sleep_until(reconnect_at) => Event::Reconnect,
+            () = sleep_until(ping_at) => Event::Silent,
+        }
+    }
+
+    async fn on_subscribe(&mut self, tag: &Arc<str>) -> Result<(), BackendError> {
+        self.lingering.remove(tag);
+        let res = self.subscribe(tag).await;
+        if res.is_err() {
+            self.reconnect_at = Some(Instant::now() + RECONNECT_DELAY);
+        }
+        res.map_err(|m| self.error(m))
+    }
+
+    fn on_message(&self, msg: &redis::Msg) {
+        if self.revoke_subscribed.contains(msg.get_channel_name()) {
+            if let Ok(token) = std::str::from_utf8(msg.get_payload_bytes()) {
+                self.revocations.revoke(token);
+            }
+            return;
+        }
+        if let (Some(tag), Some(events)) = (
+            tag_of_channel(msg.get_channel_name()),
+            self.events.upgrade(),
+        ) {
+            events.message(tag, msg.get_payload_bytes());
+        }
+    }
+
+    /// Unsubscribes channels whose linger ended and that still have no listener.
+    async fn on_linger_ended(&mut self) {
+        self.on_revoke_linger_ended().await;
+        let Some(events) = self.events.upgrade() else {
+            return;
+        };
+        let wanted: HashSet<Arc<str>> = events.wanted().into_iter().collect();
+        let now = Instant::now();
+        let due: Vec<Arc<str>> = self
+            .lingering
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(tag, _)| tag.clone())
+            .collect();
+        for tag in due {
+            self.lingering.remove(&tag);
+            if wanted.contains(&tag) || !self.subscribed.remove(&tag) {
+                continue;
+            }
+            let Some((sink, _)) = self.conn.as_mut() else {
+                continue;
+            };
+            let res = tokio::time::timeout(self.remote.timeout, sink.unsubscribe(channel_of(&tag)));
+            if !matches!(res.await, Ok(Ok(()))) {
+                // The connection is unusable: reconnect and resubscribe what is wanted.
+                self.reset(Instant::now());
+                return;
+            }
+        }
+    }
+
+    /// Unsubscribes revoke channels whose linger ended and that no lease is held under.
+    async fn on_revoke_linger_ended(&mut self) {
+        let now = Instant::now();
+        let due: Vec<Arc<str>> = (self.revoke_lingering.iter())
+            .filter(|(_, at)| **at <= now)
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in due {
+            self.revoke_lingering.remove(&channel);
+            if self.revocations.is_wanted(&channel) || !self.revoke_subscribed.remove(&channel) {
+                continue;
+            }
+            let Some((sink, _)) = self.conn.as_mut() else {
+                continue;
+            };
+            let res = tokio::time::timeout(self.remote.timeout, sink.unsubscribe(&*channel));
+            if !matches!(res.await, Ok(Ok(()))) {
+                self.reset(Instant::now());
+                return;
+            }
+        }
+    }
+
+    /// Subscribes a revoke channel, best effort: a failure is logged and left to the
+    /// renewals (which find a forced unlock on their own) and to the next reconnect, never a
+    /// reason to reconnect by itself (an ACL may deny that one channel).
+    async fn subscribe_revoke(&mut self, channel: &Arc<str>) {
+        let done =
+            self.revoke_subscribed.contains(channel) || self.revoke_refused.contains(channel);
+        if done && self.conn.is_some() {
+            return;
+        }
+        if self.conn.is_none() && self.connect().await.is_err() {
+            // Retried with the waiters' channels; until then the renewal finds a revocation.
+            self.reconnect_at
+                .get_or_insert(Instant::now() + RECONNECT_DELAY);
+            return;
+        }
+        let Some((sink, _)) = self.conn.as_mut() else {
+            return;
+        };
+        match tokio::time::timeout(self.remote.timeout, sink.subscribe(&**channel)).await {
+            Ok(Ok(())) => {
+                self.revoke_subscribed.insert(channel.clone());
+                self.heard = Instant::now();
+                // A forced unlock published before this subscription landed (the first one
+                // after holding nothing, or after a lost connection) was heard by nobody: the
+                // held leases are renewed, owner-checked, at once.
+                self.revocations.resubscribed();
+            }
+            Ok(Err(e)) => {
+                let refused = SubError::Redis(e);
+                if !refused.is_refusal() {
+                    self.reset(Instant::now());
+                    return;
+                }
+                self.revoke_refused.insert(channel.clone());
+                tracing::warn!(addr = %self.remote.addr, channel = %channel, error = %self.error(refused), "cannot listen for forced unlocks; a holder learns of one at its next renewal");
+            }
+            Err(_) => {
+                tracing::warn!(addr = %self.remote.addr, "pub/sub connection not answering; reconnecting");
+                self.reset(Instant::now());
+            }
+        }
+    }
+
+    /// `PING` on a silent connection; no answer in time replaces it.
+    async fn on_silent(&mut self) {
+        let Some((sink, _)) = self.conn.as_mut() else {
+            return;
+        };
+        let pong = tokio::time::timeout(self.remote.timeout, sink.ping::<redis::Value>());
+        match pong.await {
+            // An error reply (an ACL without `+ping`) is an answer too.
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {}
+            _ => {
+                tracing::warn!(addr = %self.remote.addr, "pub/sub connection not answering PING; reconnecting");
+                self.reset(Instant::now());
+                return;
+            }
+        }
+        self.heard = Instant::now();
+    }
+
+    /// Resubscribes every channel with a listener on a new connection.
+    async fn on_reconnect(&mut self) {
+        self.reconnect_at = None;
+        let Some(events) = self.events.upgrade() else {
+            return;
+        };
+        let wanted = events.wanted();
+        drop(events);
+        for tag in &wanted {
+            if self.subscribe(tag).await.is_err() {
+                self.reconnect_at = Some(Instant::now() + RECONNECT_DELAY);
+                return;
+            }
+        }
+        for channel in self.revocations.wanted() {
+            self.subscribe_revoke(&channel).await;
+        }
+        self.missed();
+    }
+
+    /// Drops the connection and everything subscribed on it; reconnects at `at`.
+    fn reset(&mut self, at: Instant) {
+        self.conn = None;
+        self.subscribed.clear();
+        self.lingering.clear();
+        self.revoke_subscribed.clear();
+        self.revoke_lingering.clear();
+        self.revoke_refused.clear();
+        self.reconnect_at = Some(at);
+        // Releases may have been missed: let every waiter retry now.
+        self.missed();
+    }
+
+    fn missed(&self) {
+        if let Some(events) = self.events.upgrade() {
+            events.missed();
+        }
+    }
+
+    /// Subscribes the channel of `tag`. A connection that fails to answer (rather than
+    /// refusing the channel) may sit on a frozen or vanished node: one more try on a new
+    /// connection, the next node for a cluster (for one server, only when the failed
+    /// connection was an old one).
+    async fn subscribe(&mut self, tag: &Arc<str>) -> Result<(), SubError> {
+        if self.subscribed.contains(tag) && self.conn.is_some() {
+            return Ok(());
+        }
+        let old = self.conn.is_some();
+        match self.subscribe_once(tag).await {
+            Err(e) if !e.is_refusal() && (old || self.remote.connector.is_cluster()) => {
+                tracing::warn!(addr = %self.remote.addr, "pub/sub connection not answering; trying a new one");
+                self.reset(Instant::now());
+                self.subscribe_once(tag).await
+            }
+            res => res,
+        }
+    }
+
+    async fn subscribe_once(&mut self, tag: &Arc<str>) -> Result<(), SubError> {
+        if self.conn.is_none() {
+            self.connect().await?;
+        }
+        let (sink, _) = self.conn.as_mut().expect("connected above");
+        let res = tokio::time::timeout(self.remote.timeout, sink.subscribe(channel_of(tag))).await;
+        match res {
+            Ok(Ok(())) => {
+                self.subscribed.insert(tag.clone());
+                self.heard = Instant::now();
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                self.conn = None;
+                Err(SubError::Redis(e))
+            }
+            Err(_) => {
+                self.conn = None;
+                Err(SubError::Timeout("SUBSCRIBE not answered"))
+            }
+        }
+    }
+
+    async fn connect(&mut self) -> Result<(), SubError> {
+        self.subscribed.clear();
+        self.revoke_subscribed.clear();
+        self.revoke_refused.clear();
+        let round = self.round;
+        self.round = self.round.wrapping_add(1);
+        let connector = self.remote.connector.clone();
+        let connect = async move {
+            connector
+                .pubsub_client(round)
+                .await?
+                .get_async_pubsub()
+                .await
+        };
+        let ps = tokio::time::timeout(self.remote.timeout, connect)
+            .await
+            .map_err(|_| SubError::Timeout("pub/sub connection not established"))?
+            .map_err(SubError::Redis)?;
+        self.conn = Some(ps.split());
+        self.heard = Instant::now();
+        // Anything published before this connection existed was missed.
+        self.missed();
+        Ok(())
+    }
+
+    /// A scrubbed error naming cause and fix (a denied channel gets the ACL rules), as the
+    /// command connection's errors do.
+    fn error(&self, e: SubError) -> BackendError {
+        let scrub = |m: &str| {
+            let m = crate::redact::scrub_secrets(m, &self.remote.secrets);
+            format!("pub/sub: {m}")
+        };
+        match e {
+            SubError::Redis(e) => diagnose(
+                &self.remote.addr,
+                self.remote.connector.is_cluster(),
+                &e,
+                scrub,
+            ),
+            SubError::Timeout(what) => BackendError::new(
+                self.remote.addr.clone(),
+                scrub(&format!("{what} within {:?}", self.remote.timeout)),
+            ),
+        }
+    }
+}
+
+/// Resolves on the next master switch; never without Sentinel (or once it is gone).
+async fn switched(switches: &mut Option<watch::Receiver<u64>>) {
+    let open = match switches {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => false,
+    };
+    if !open {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Why subscribing failed.
+enum SubError {
+    Redis(redis::RedisError),
+    Timeout(&'static str),
+}
+
+impl SubError {
+    /// The server answered with an error (a denied channel, a wrong password): another
+    /// connection would be refused too.
+    fn is_refusal(&self) -> bool {
+        matches!(self, SubError::Redis(e) if e.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(e.kind(), redis::ErrorKind::Server(_)))
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
