@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use crate::backend::Backend;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::locker::Locker;
@@ -61,33 +60,15 @@ impl Locker {
     }
 
     async fn info_of(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let base = |holder: Option<Holder>, remaining, fence, waiters| LockInfo {
+        let state = self.backend().inspect(key).await?;
+        Ok(state.map(|s| LockInfo {
             key: key.user.to_string(),
             redis_key: key.lock().to_owned(),
-            holder,
-            remaining,
-            fence,
-            waiters,
-        };
-        Ok(match self.backend() {
-            Backend::Memory(m) => m.inspect(key.lock()).map(|(fence, left, owner)| {
-                base(Holder::parse(&owner), Some(left), Some(fence), 0)
-            }),
-            Backend::Redis(r) => {
-                let raw = r.inspect(key).await?;
-                if raw.value.is_empty() {
-                    return Ok(None);
-                }
-                let fence = raw.value.get(33..).and_then(|f| f.parse().ok());
-                let remaining = u64::try_from(raw.pttl).ok().map(Duration::from_millis);
-                Some(base(
-                    Holder::parse(&raw.owner),
-                    remaining,
-                    fence,
-                    u64::try_from(raw.waiters).unwrap_or(0),
-                ))
-            }
-        })
+            holder: s.holder,
+            remaining: s.remaining,
+            fence: s.fence,
+            waiters: s.waiters,
+        }))
     }
 
     /// The held locks whose keys (without the prefix) match `pattern`, a Redis glob (`*`,
@@ -107,10 +88,7 @@ impl Locker {
     /// ```
     pub async fn locks(&self, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
         let full = format!("{}{pattern}", self.prefix());
-        let names = match self.backend() {
-            Backend::Memory(m) => m.scan(&full),
-            Backend::Redis(r) => r.scan(&full, MAX_LISTED).await?,
-        };
+        let names = self.backend().scan(&full, MAX_LISTED).await?;
         let mut out = Vec::new();
         for name in names.into_iter().take(MAX_LISTED) {
             let Some(key) = LockKey::from_lock_name(self.prefix(), &name) else {
@@ -145,13 +123,7 @@ impl Locker {
     /// ```
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let key = LockKey::new(self.prefix(), key)?;
-        let freed = match self.backend() {
-            Backend::Memory(m) => m.force_release(&key),
-            Backend::Redis(r) => !matches!(
-                r.force_release(&key).await?,
-                crate::backend::contract::Released::NotOwner
-            ),
-        };
+        let freed = self.backend().force_release(&key).await?;
         if freed {
             self.wake(&key.tag);
         }

@@ -123,9 +123,7 @@ impl Locker {
 
     fn from_backend(settings: Settings, backend: Arc<Backend>) -> Locker {
         let notifier = Notifier::new(backend.subscriber());
-        if let Backend::Memory(m) = &*backend {
-            m.attach(notifier.events());
-        }
+        backend.attach(notifier.events());
         Locker {
             inner: Arc::new(Inner {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -191,10 +189,8 @@ impl Locker {
     /// locker talks to Redis, where `PTTL` answers the same question).
     #[doc(hidden)]
     pub fn memory_pttl(&self, key: &str) -> Option<Duration> {
-        match &*self.inner.backend {
-            Backend::Memory(m) => m.pttl(LockKey::new(self.prefix(), key).ok()?.lock()),
-            Backend::Redis(_) => None,
-        }
+        let key = LockKey::new(self.prefix(), key).ok()?;
+        self.inner.backend.memory_pttl(&key)
     }
 
     /// Another locker on this in-memory lock space, as if in another process: its own
@@ -213,18 +209,12 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub fn in_memory_peer(&self) -> Option<Locker> {
-        match &*self.inner.backend {
-            Backend::Memory(m) => {
-                let settings = Settings {
-                    instance_id: uuid::Uuid::new_v4(),
-                    ..self.inner.settings.clone()
-                };
-                let owner = crate::owner::with_instance(m.owner(), settings.instance_id);
-                let peer = Backend::Memory(m.peer(owner));
-                Some(Locker::from_backend(settings, Arc::new(peer)))
-            }
-            Backend::Redis(_) => None,
-        }
+        let settings = Settings {
+            instance_id: uuid::Uuid::new_v4(),
+            ..self.inner.settings.clone()
+        };
+        let peer = self.inner.backend.memory_peer(settings.instance_id)?;
+        Some(Locker::from_backend(settings, Arc::new(peer)))
     }
 
     pub(crate) fn backend(&self) -> &Backend {

@@ -234,14 +234,7 @@ impl Monitor {
             subscriber: backend.subscriber(),
         });
         let holders: Arc<dyn Holders> = shared.clone();
-        match &*backend {
-            Backend::Redis(_) => {
-                if let Some(sub) = &shared.subscriber {
-                    sub.attach_holders(Arc::downgrade(&holders));
-                }
-            }
-            Backend::Memory(m) => m.attach_holders(Arc::downgrade(&holders)),
-        }
+        backend.attach_holders(Arc::downgrade(&holders));
         rt.spawn(run(backend, Closer(shared.clone())));
         Monitor { shared }
     }

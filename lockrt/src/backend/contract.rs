@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::BackendError;
+use crate::owner::Holder;
 
 /// A fresh 128-bit random owner token, as 32 lowercase hex digits (the scripts rely on the
 /// fixed length). Read from the OS for every acquisition (one `getrandom` call): a user-space
@@ -131,6 +132,19 @@ pub(crate) trait Holders: Send + Sync {
     /// after a lost connection): a revocation published before was missed, so every lease is
     /// checked now (renewed) rather than at its next renewal.
     fn resubscribed(&self);
+}
+
+/// One held lock as a backend reports it to inspection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockState {
+    /// The holder's fencing token, when the lock's value has lockrt's format.
+    pub(crate) fence: Option<u64>,
+    /// Remaining lease; `None` when the key has no expiry (not a lockrt lock).
+    pub(crate) remaining: Option<Duration>,
+    /// The owner record, when the lock has one.
+    pub(crate) holder: Option<Holder>,
+    /// Waiters of other processes queued with a live registration.
+    pub(crate) waiters: u64,
 }
 
 /// Milliseconds for a script argument: at least 1 (0 would mean "no lease"), saturating.

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::contract::{Attempt, Events, Holders, Renewal, Token};
+use super::contract::{Attempt, Events, Holders, LockState, Renewal, Token};
 use crate::key::LockKey;
+use crate::owner::Holder;
 
 struct Held {
     token: Token,
@@ -166,13 +167,18 @@ impl MemoryBackend {
     }
 
     /// One live lock: (fence, remaining lease, owner text).
-    pub(crate) fn inspect(&self, lock: &str) -> Option<(u64, Duration, String)> {
+    pub(crate) fn inspect(&self, lock: &str) -> Option<LockState> {
         let now = Instant::now();
         self.state()
             .locks
             .get(lock)
             .filter(|h| h.expires > now)
-            .map(|h| (h.fence, h.expires - now, h.owner.to_string()))
+            .map(|h| LockState {
+                fence: Some(h.fence),
+                remaining: Some(h.expires - now),
+                holder: Holder::parse(&h.owner),
+                waiters: 0,
+            })
     }
 
     /// Live lock names matching `pattern` (`*` and `?` globs), sorted.

@@ -9,9 +9,14 @@ pub(crate) mod redis;
 
 use std::time::Duration;
 
-use self::contract::{Attempt, Queueing, Released, Renewal, Renewed, Token};
+use std::sync::Weak;
+
+use self::contract::{
+    Attempt, Events, Holders, LockState, Queueing, Released, Renewal, Renewed, Token,
+};
 use crate::error::BackendError;
 use crate::key::LockKey;
+use crate::owner::with_instance;
 
 // One per `Locker`, behind an `Arc`: the size difference costs nothing, a `Box` would cost an
 // indirection on every command. (TLS support makes the Redis variant larger.)
@@ -122,6 +127,67 @@ impl Backend {
         match self {
             Backend::Redis(b) => Some(b.subscriber()),
             Backend::Memory(_) => None,
+        }
+    }
+
+    /// The state of lock `key`, `None` when nobody holds it.
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockState>, BackendError> {
+        match self {
+            Backend::Redis(b) => b.lock_state(key).await,
+            Backend::Memory(b) => Ok(b.inspect(key.lock())),
+        }
+    }
+
+    /// The names of the held locks matching glob `pattern`, at most `limit`.
+    pub(crate) async fn scan(
+        &self,
+        pattern: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, BackendError> {
+        match self {
+            Backend::Redis(b) => b.scan(pattern, limit).await,
+            Backend::Memory(b) => Ok(b.scan(pattern)),
+        }
+    }
+
+    /// Releases lock `key` whoever holds it, revoking the holder: whether it was held.
+    pub(crate) async fn force_release(&self, key: &LockKey) -> Result<bool, BackendError> {
+        match self {
+            Backend::Redis(b) => Ok(b.force_release(key).await? != Released::NotOwner),
+            Backend::Memory(b) => Ok(b.force_release(key)),
+        }
+    }
+
+    /// Sends release notifications to `events`: the in-memory backend's own, Redis's come
+    /// through the [`subscriber`](Self::subscriber) the caller attaches to.
+    pub(crate) fn attach(&self, events: Weak<dyn Events>) {
+        if let Backend::Memory(b) = self {
+            b.attach(events);
+        }
+    }
+
+    /// Sends revocations (forced unlocks) of held leases to `holders`.
+    pub(crate) fn attach_holders(&self, holders: Weak<dyn Holders>) {
+        match self {
+            Backend::Redis(b) => b.subscriber().attach_holders(holders),
+            Backend::Memory(b) => b.attach_holders(holders),
+        }
+    }
+
+    /// Another in-memory backend on the same lock space, with instance `id` in its owner
+    /// records; `None` for Redis.
+    pub(crate) fn memory_peer(&self, id: uuid::Uuid) -> Option<Backend> {
+        match self {
+            Backend::Memory(m) => Some(Backend::Memory(m.peer(with_instance(m.owner(), id)))),
+            Backend::Redis(_) => None,
+        }
+    }
+
+    /// Remaining lease of lock `key` in the in-memory backend; `None` for Redis.
+    pub(crate) fn memory_pttl(&self, key: &LockKey) -> Option<Duration> {
+        match self {
+            Backend::Memory(m) => m.pttl(key.lock()),
+            Backend::Redis(_) => None,
         }
     }
 
