@@ -181,7 +181,7 @@ fn a_sentinel_url_query_is_not_the_service_name() {
     ] {
         let shown = format!("{:?}", Locker::builder().url(url));
         assert!(
-            shown.contains(r#"sentinel \"locks\" via"#),
+            shown.contains(r#"sentinel service \"locks\" via"#),
             "{url}: {shown}"
         );
         assert!(leak(&shown).is_none(), "{url}: {shown}");

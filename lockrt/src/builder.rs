@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use crate::backend::Backend;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::redis::connector::{Auth, TlsFiles, Topology};
-use crate::backend::redis::{RedisBackend, Settings as RedisSettings, SyncReplicas, Timeouts};
+use crate::backend::redis::RedisBackend;
+use crate::backend::redis::settings::{
+    Auth, RedisSettings, SyncReplicas, Timeouts, TlsFiles, Topology,
+};
 use crate::error::LockError;
 use crate::key::validate_prefix;
 use crate::locker::{Locker, Settings};
@@ -55,7 +57,7 @@ pub struct LockerBuilder {
 impl fmt::Debug for LockerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockerBuilder")
-            .field("servers", &self.topology.as_ref().map(shown))
+            .field("servers", &self.topology.as_ref().map(Topology::describe))
             .field("prefix", &self.prefix)
             .field("default_ttl", &self.default_ttl)
             .field("default_wait", &self.default_wait)
@@ -451,32 +453,6 @@ fn parse_url(url: String) -> Topology {
         }
     }
     Topology::Url(url)
-}
-
-/// The topology for `Debug`: addresses only.
-fn shown(t: &Topology) -> String {
-    match t {
-        Topology::Url(u) => crate::redact::url(u),
-        Topology::Client(_) => "a caller-built client".to_owned(),
-        Topology::Cluster(seeds) => format!(
-            "cluster {}",
-            seeds
-                .iter()
-                .map(|s| crate::redact::url(s))
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
-        Topology::Sentinel {
-            sentinels, service, ..
-        } => format!(
-            "sentinel {service:?} via {}",
-            sentinels
-                .iter()
-                .map(|s| crate::redact::url(s))
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
-    }
 }
 
 impl Locker {

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use redis::{AsyncConnectionConfig, RedisError, RetryMethod};
 
-use super::Timeouts;
 use super::connector::{Conn, Connector};
 use super::diagnose::diagnose;
+use super::settings::Timeouts;
 use crate::error::BackendError;
 
 /// The command connection in use, its generation (so that a request that found it broken

@@ -22,9 +22,9 @@ use std::sync::{Arc, LazyLock};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, RedisWrite, Script, ToRedisArgs, Value};
 
-use super::SyncReplicas;
 use super::connector::Conn;
 use super::link::Link;
+use super::settings::SyncReplicas;
 use crate::backend::contract::{Renewed, millis};
 use crate::error::BackendError;
 use crate::key::{Aux, LockKey, slot_of};
