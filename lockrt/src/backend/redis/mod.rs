@@ -4,9 +4,6 @@
 //!
 //! Owns credential hygiene: every error leaving this module is scrubbed of the password.
 
-mod client;
-#[cfg(feature = "cluster")]
-mod cluster;
 pub(crate) mod connector;
 mod diagnose;
 mod link;
@@ -14,9 +11,7 @@ mod listener;
 pub(crate) mod pubsub;
 mod revoke;
 mod scripts;
-#[cfg(feature = "sentinel")]
-mod sentinel;
-pub(crate) mod settings;
+mod version;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,13 +19,12 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
 
-use self::connector::{Conn, Connector};
+use self::connector::{Conn, Connector, TlsFiles, Topology};
 use self::link::Link;
 use self::pubsub::Subscriber;
 use self::scripts::{
     ACQUIRE, Call, FORCE, INSPECT, RELEASE, RENEW, Scripts, ints, lock_keys, per_lease,
 };
-use self::settings::{RedisSettings, Timeouts, TlsFiles, Topology};
 use crate::backend::contract::{Attempt, Queueing, Released, Renewal, Renewed, Token, millis};
 use crate::error::BackendError;
 use crate::key::{LockKey, slot_of};
@@ -54,18 +48,15 @@ fn connector(
         ..timeouts
     };
     Connector::new(topology.clone(), tls, replies).map_err(|e| {
-        let msg = topology.scrub(&e.to_string());
+        let msg = scrub_topology(&e.to_string(), &topology);
         BackendError::new(
-            topology.describe(),
+            topology_for_messages(&topology),
             format!("invalid Redis URL or setting: {msg}"),
         )
         .with_hint("check the URLs and the builder's settings")
         .permanent()
     })
 }
-
-/// The oldest server the scripts run on (`TIME` after writes needs effect replication).
-const MIN_VERSION: (u32, u32) = (5, 0);
 
 pub(crate) struct RedisBackend {
     connector: Arc<Connector>,
@@ -81,8 +72,8 @@ pub(crate) struct RedisBackend {
 impl RedisBackend {
     /// Opens the command connection and checks the server, failing fast (within the connect
     /// and response timeouts) with the server's address when it is unreachable.
-    pub(crate) async fn connect(settings: RedisSettings) -> Result<RedisBackend, BackendError> {
-        let RedisSettings {
+    pub(crate) async fn connect(settings: Settings) -> Result<RedisBackend, BackendError> {
+        let Settings {
             topology,
             tls,
             timeouts,
@@ -91,8 +82,8 @@ impl RedisBackend {
             owner,
         } = settings;
         let wait = sync.map_or(Duration::ZERO, |s| s.timeout);
-        let addr = topology.describe();
         let connector = Arc::new(connector(topology, &tls, timeouts, wait)?);
+        let addr = connector.describe();
         let secrets = connector.secrets();
         let subscriber = Subscriber::new(
             connector.clone(),
@@ -118,7 +109,7 @@ impl RedisBackend {
             owner,
         };
         let (mut conn, _) = backend.link.conn().await?;
-        backend.check_version(&mut conn).await?;
+        version::check_version(&mut conn, &backend.link).await?;
         Ok(backend)
     }
 
@@ -128,37 +119,6 @@ impl RedisBackend {
 
     pub(crate) fn subscriber(&self) -> Subscriber {
         self.subscriber.clone()
-    }
-
-    /// Refuses servers older than the scripts need, with a command an ACL-restricted user
-    /// may run (`HELLO`; servers before 6.0 have no ACLs and answer `INFO`).
-    async fn check_version(&self, conn: &mut Conn) -> Result<(), BackendError> {
-        let hello: Result<Value, RedisError> = redis::cmd("HELLO").arg(2).query_async(conn).await;
-        let version = match hello {
-            Ok(v) => version_in_hello(&v),
-            Err(e)
-                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
-            {
-                let info: String = redis::cmd("INFO")
-                    .arg("server")
-                    .query_async(conn)
-                    .await
-                    .map_err(|e| self.link.error(&e))?;
-                version_in_info(&info)
-            }
-            Err(e) => return Err(self.link.error(&e)),
-        };
-        match version {
-            Some(v) if v < MIN_VERSION => Err(BackendError::new(
-                self.addr.clone(),
-                format!(
-                    "Redis {}.{} is too old: lockrt's scripts need Redis {}.{} or newer",
-                    v.0, v.1, MIN_VERSION.0, MIN_VERSION.1
-                ),
-            )
-            .permanent()),
-            _ => Ok(()),
-        }
     }
 
     pub(crate) async fn acquire(
@@ -569,62 +529,37 @@ pub(crate) struct RawLock {
     pub(crate) waiters: i64,
 }
 
-/// `(major, minor)` from a `HELLO` reply (a map in RESP3, a flat list in RESP2).
-fn version_in_hello(v: &Value) -> Option<(u32, u32)> {
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_owned),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    };
-    let pairs: Vec<(Option<String>, Option<String>)> = match v {
-        Value::Map(m) => m.iter().map(|(k, v)| (text(k), text(v))).collect(),
-        Value::Array(a) => a
-            .chunks(2)
-            .map(|c| (text(&c[0]), c.get(1).and_then(text)))
-            .collect(),
-        _ => return None,
-    };
-    let version = pairs
-        .into_iter()
-        .find(|(k, _)| k.as_deref() == Some("version"))?
-        .1?;
-    parse_version(&version)
-}
-
-fn version_in_info(info: &str) -> Option<(u32, u32)> {
-    let line = info
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))?;
-    parse_version(line.trim())
-}
-
-fn parse_version(v: &str) -> Option<(u32, u32)> {
-    let mut parts = v.split('.');
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
-}
-
 /// `{lock}:done:<token>`: proof that `token`'s own release happened (release.lua's KEYS[6]).
 fn done_key(key: &LockKey, token: &Token) -> String {
     format!("{}:done:{}", key.tag, token.as_str())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn versions_are_read_from_hello_and_info() {
-        let hello = Value::Array(vec![
-            Value::BulkString(b"server".to_vec()),
-            Value::BulkString(b"redis".to_vec()),
-            Value::BulkString(b"version".to_vec()),
-            Value::BulkString(b"7.0.15".to_vec()),
-        ]);
-        assert_eq!(version_in_hello(&hello), Some((7, 0)));
-        assert_eq!(
-            version_in_info("# Server\r\nredis_version:4.0.9\r\n"),
-            Some((4, 0))
-        );
-        assert!((4, 0) < MIN_VERSION && (5, 0) >= MIN_VERSION);
+/// The configured servers, without credentials, for errors raised before a connection.
+fn topology_for_messages(t: &Topology) -> String {
+    match t {
+        Topology::Url(u) => crate::redact::url(u),
+        Topology::Client(c) => connector::describe_addr(c.get_connection_info().addr()),
+        Topology::Cluster(seeds) => {
+            let shown: Vec<String> = seeds.iter().map(|s| crate::redact::url(s)).collect();
+            format!("cluster {}", shown.join(","))
+        }
+        Topology::Sentinel {
+            sentinels, service, ..
+        } => {
+            let shown: Vec<String> = sentinels.iter().map(|s| crate::redact::url(s)).collect();
+            format!("sentinel service {service:?} via {}", shown.join(","))
+        }
     }
+}
+
+/// `msg` without any credential of the configured URLs.
+fn scrub_topology(msg: &str, t: &Topology) -> String {
+    let urls: Vec<&String> = match t {
+        Topology::Url(u) => vec![u],
+        Topology::Client(_) => vec![],
+        Topology::Cluster(seeds) => seeds.iter().collect(),
+        Topology::Sentinel { sentinels, .. } => sentinels.iter().collect(),
+    };
+    urls.into_iter()
+        .fold(msg.to_owned(), |m, u| crate::redact::scrub_all(&m, u))
 }
