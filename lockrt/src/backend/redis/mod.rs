@@ -4,6 +4,9 @@
 //!
 //! Owns credential hygiene: every error leaving this module is scrubbed of the password.
 
+mod client;
+#[cfg(feature = "cluster")]
+mod cluster;
 pub(crate) mod connector;
 mod diagnose;
 mod link;
@@ -11,6 +14,9 @@ mod listener;
 pub(crate) mod pubsub;
 mod revoke;
 mod scripts;
+#[cfg(feature = "sentinel")]
+mod sentinel;
+pub(crate) mod settings;
 mod version;
 
 use std::sync::Arc;
@@ -19,12 +25,13 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
 
-use self::connector::{Conn, Connector, TlsFiles, Topology};
+use self::connector::{Conn, Connector};
 use self::link::Link;
 use self::pubsub::Subscriber;
 use self::scripts::{
     ACQUIRE, Call, FORCE, INSPECT, RELEASE, RENEW, Scripts, ints, lock_keys, per_lease,
 };
+use self::settings::{RedisSettings, Timeouts, TlsFiles, Topology};
 use crate::backend::contract::{Attempt, Queueing, Released, Renewal, Renewed, Token, millis};
 use crate::error::BackendError;
 use crate::key::{LockKey, slot_of};
@@ -48,9 +55,9 @@ fn connector(
         ..timeouts
     };
     Connector::new(topology.clone(), tls, replies).map_err(|e| {
-        let msg = scrub_topology(&e.to_string(), &topology);
+        let msg = topology.scrub(&e.to_string());
         BackendError::new(
-            topology_for_messages(&topology),
+            topology.describe(),
             format!("invalid Redis URL or setting: {msg}"),
         )
         .with_hint("check the URLs and the builder's settings")
@@ -72,8 +79,8 @@ pub(crate) struct RedisBackend {
 impl RedisBackend {
     /// Opens the command connection and checks the server, failing fast (within the connect
     /// and response timeouts) with the server's address when it is unreachable.
-    pub(crate) async fn connect(settings: Settings) -> Result<RedisBackend, BackendError> {
-        let Settings {
+    pub(crate) async fn connect(settings: RedisSettings) -> Result<RedisBackend, BackendError> {
+        let RedisSettings {
             topology,
             tls,
             timeouts,
@@ -82,8 +89,8 @@ impl RedisBackend {
             owner,
         } = settings;
         let wait = sync.map_or(Duration::ZERO, |s| s.timeout);
+        let addr = topology.describe();
         let connector = Arc::new(connector(topology, &tls, timeouts, wait)?);
-        let addr = connector.describe();
         let secrets = connector.secrets();
         let subscriber = Subscriber::new(
             connector.clone(),
@@ -532,34 +539,4 @@ pub(crate) struct RawLock {
 /// `{lock}:done:<token>`: proof that `token`'s own release happened (release.lua's KEYS[6]).
 fn done_key(key: &LockKey, token: &Token) -> String {
     format!("{}:done:{}", key.tag, token.as_str())
-}
-
-/// The configured servers, without credentials, for errors raised before a connection.
-fn topology_for_messages(t: &Topology) -> String {
-    match t {
-        Topology::Url(u) => crate::redact::url(u),
-        Topology::Client(c) => connector::describe_addr(c.get_connection_info().addr()),
-        Topology::Cluster(seeds) => {
-            let shown: Vec<String> = seeds.iter().map(|s| crate::redact::url(s)).collect();
-            format!("cluster {}", shown.join(","))
-        }
-        Topology::Sentinel {
-            sentinels, service, ..
-        } => {
-            let shown: Vec<String> = sentinels.iter().map(|s| crate::redact::url(s)).collect();
-            format!("sentinel service {service:?} via {}", shown.join(","))
-        }
-    }
-}
-
-/// `msg` without any credential of the configured URLs.
-fn scrub_topology(msg: &str, t: &Topology) -> String {
-    let urls: Vec<&String> = match t {
-        Topology::Url(u) => vec![u],
-        Topology::Client(_) => vec![],
-        Topology::Cluster(seeds) => seeds.iter().collect(),
-        Topology::Sentinel { sentinels, .. } => sentinels.iter().collect(),
-    };
-    urls.into_iter()
-        .fold(msg.to_owned(), |m, u| crate::redact::scrub_all(&m, u))
 }
