@@ -91,6 +91,7 @@ mod monitor;
 mod options;
 mod owner;
 mod redact;
+mod renewal;
 mod retry;
 mod section;
 mod wait;
