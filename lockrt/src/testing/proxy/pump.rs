@@ -1,7 +1,7 @@
 //! The proxy's thread: the accept loop, one task per connection that cuts both directions
 //! into RESP frames, judges each frame against the faults in force, and forwards it when due.
-//! It reads the faults and counts the traffic in the shared state, and never outlives the
-//! runtime the handle's drop ends.
+//! It reads the faults and counts the traffic in the shared state. Every task lives on the
+//! proxy's own runtime, so dropping the handle, which ends that runtime, ends them all.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
