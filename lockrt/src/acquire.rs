@@ -39,7 +39,7 @@ use crate::guard::LockGuard;
 use crate::key::LockKey;
 use crate::lease::{LeaseInfo, NewLease, margin};
 use crate::locker::Locker;
-use crate::options::{LockOptions, MAX_TTL, MIN_TTL, Wait};
+use crate::options::{LockOptions, Terms, Wait};
 use crate::retry::Backoff;
 use crate::wait::{EntryHandle, Grant, Listener, Owner};
 
@@ -84,8 +84,8 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, key: &str, opts: LockOptions) -> Result<LockGuard, LockError> {
-        let wait = opts.wait.unwrap_or(self.settings().default_wait);
-        self.unless_shut_down(Acquisition::new(self, key, opts, wait)?.run())
+        let terms = opts.resolve(&self.defaults());
+        self.unless_shut_down(Acquisition::new(self, key, terms)?.run())
             .await
     }
 
@@ -132,7 +132,11 @@ impl Locker {
         key: &str,
         opts: LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        let once = Acquisition::new(self, key, opts, Wait::For(Duration::ZERO))?;
+        let terms = Terms {
+            wait: Wait::For(Duration::ZERO),
+            ..opts.resolve(&self.defaults())
+        };
+        let once = Acquisition::new(self, key, terms)?;
         match self.unless_shut_down(once.run()).await {
             Ok(g) => Ok(Some(g)),
             // Busy, also when the holder is this very task.
@@ -164,7 +168,7 @@ struct Acquisition<'a> {
     locker: &'a Locker,
     key: LockKey,
     ttl: Duration,
-    opts: LockOptions,
+    terms: Terms,
     start: Instant,
     /// When `wait` ends (`None`: never).
     deadline: Option<Instant>,
@@ -175,17 +179,9 @@ struct Acquisition<'a> {
 }
 
 impl<'a> Acquisition<'a> {
-    fn new(
-        locker: &'a Locker,
-        user_key: &str,
-        opts: LockOptions,
-        wait: Wait,
-    ) -> Result<Self, LockError> {
+    fn new(locker: &'a Locker, user_key: &str, terms: Terms) -> Result<Self, LockError> {
         let key = LockKey::new(locker.prefix(), user_key)?;
-        let ttl = opts
-            .ttl
-            .unwrap_or(locker.settings().default_ttl)
-            .clamp(MIN_TTL, MAX_TTL);
+        let (ttl, wait) = (terms.ttl, terms.wait);
         let start = Instant::now();
         // A wait too large to add to the clock is no limit at all.
         let deadline = match wait {
@@ -204,7 +200,7 @@ impl<'a> Acquisition<'a> {
             locker,
             key,
             ttl,
-            opts,
+            terms,
             start,
             deadline,
             retry_end: deadline.map(|d| d.max(start + MIN_RETRY_WINDOW)),
@@ -387,7 +383,7 @@ impl<'a> Acquisition<'a> {
         let grant = listener.take_grant(self.token.as_str())?;
         let lease = self.queue.map_or(self.ttl, |q| q.grant_lease);
         let confirm =
-            self.locker.backend().acknowledged_only() || (!self.opts.watchdog && lease < self.ttl);
+            self.locker.backend().acknowledged_only() || (!self.terms.watchdog && lease < self.ttl);
         if confirm {
             return None;
         }
@@ -408,10 +404,10 @@ impl<'a> Acquisition<'a> {
                 key: self.key.clone(),
                 token: self.token,
                 ttl: self.ttl,
-                watchdog: self.opts.watchdog,
+                watchdog: self.terms.watchdog,
                 safety: settings.safety_margin,
-                max_hold: self.opts.max_hold.or(settings.default_max_hold),
-                min_hold: self.opts.min_hold,
+                max_hold: self.terms.max_hold,
+                min_hold: self.terms.min_hold,
                 sent: taken.sent,
                 lease: taken.lease,
             },

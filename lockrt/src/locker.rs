@@ -21,7 +21,7 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lease::LeaseInfo;
 use crate::monitor::Monitor;
-use crate::options::Wait;
+use crate::options::{Defaults, Wait};
 use crate::wait::Notifier;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -215,6 +215,16 @@ impl Locker {
         };
         let peer = self.inner.backend.memory_peer(settings.instance_id)?;
         Some(Locker::from_backend(settings, Arc::new(peer)))
+    }
+
+    /// The values options left unset take.
+    pub(crate) fn defaults(&self) -> Defaults {
+        let s = &self.inner.settings;
+        Defaults {
+            ttl: s.default_ttl,
+            wait: s.default_wait,
+            max_hold: s.default_max_hold,
+        }
     }
 
     pub(crate) fn backend(&self) -> &Backend {

@@ -197,3 +197,66 @@ impl LockOptions {
         self.on_lost
     }
 }
+/// A locker's values for what [`LockOptions`] leaves unset.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Defaults {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Wait,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+/// [`LockOptions`] resolved against a locker's [`Defaults`]: what one acquisition uses.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Terms {
+    /// The lease, within [`MIN_TTL`]..=[`MAX_TTL`].
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Wait,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) min_hold: Option<Duration>,
+}
+
+impl LockOptions {
+    /// The one place where options meet a locker's defaults.
+    pub(crate) fn resolve(&self, defaults: &Defaults) -> Terms {
+        Terms {
+            ttl: self.ttl.unwrap_or(defaults.ttl).clamp(MIN_TTL, MAX_TTL),
+            wait: self.wait.unwrap_or(defaults.wait),
+            watchdog: self.watchdog,
+            max_hold: self.max_hold.or(defaults.max_hold),
+            min_hold: self.min_hold,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_resolve_against_defaults_and_leases_stay_in_bounds() {
+        let defaults = Defaults {
+            ttl: Duration::from_secs(30),
+            wait: Wait::For(Duration::from_secs(10)),
+            max_hold: Some(Duration::from_secs(60)),
+        };
+        let t = LockOptions::new().resolve(&defaults);
+        assert_eq!(
+            (t.ttl, t.wait, t.max_hold),
+            (defaults.ttl, defaults.wait, defaults.max_hold)
+        );
+        assert!(t.watchdog && t.min_hold.is_none());
+        let opts = LockOptions::new()
+            .ttl(Duration::from_millis(1))
+            .wait_forever()
+            .max_hold(Duration::from_secs(5));
+        let t = opts.resolve(&defaults);
+        assert_eq!(t.ttl, MIN_TTL, "a lease too short to renew is raised");
+        assert_eq!(
+            (t.wait, t.max_hold),
+            (Wait::Forever, Some(Duration::from_secs(5)))
+        );
+        let long = LockOptions::new().ttl(Duration::from_secs(400 * 24 * 3600));
+        assert_eq!(long.resolve(&defaults).ttl, MAX_TTL);
+    }
+}
