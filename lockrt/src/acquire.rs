@@ -226,7 +226,7 @@ impl<'a> Acquisition<'a> {
             None => self.wait_for_lock(&entry, &mut pending, &mut seen).await?,
         };
         pending.armed = false;
-        Ok(self.hold(entry, turn, taken))
+        Ok(self.make_guard(entry, turn, taken))
     }
 
     /// Step 1: this locker's FIFO turn for the key.
@@ -396,7 +396,12 @@ impl<'a> Acquisition<'a> {
     }
 
     /// Step 4: the lease to the monitor, the guard to the caller.
-    fn hold(&self, entry: EntryHandle, turn: OwnedSemaphorePermit, taken: Taken) -> LockGuard {
+    fn make_guard(
+        &self,
+        entry: EntryHandle,
+        turn: OwnedSemaphorePermit,
+        taken: Taken,
+    ) -> LockGuard {
         let settings = self.locker.settings();
         let info = Arc::new(LeaseInfo::new(
             NewLease {

@@ -180,7 +180,7 @@ impl Locker {
         };
         if let Some(outer) = context::held(self.inner.id, key) {
             // Reentrant: protected by the outer section's lease, and only while it lasts.
-            return hold(key, &outer.lease, opts.on_lost, fut)
+            return guarded(key, &outer.lease, opts.on_lost, fut)
                 .await
                 .map(checked);
         }
@@ -196,16 +196,16 @@ impl Locker {
             lease: guard.lease().clone(),
         };
         let lease = guard.lease().clone();
-        let (output, lost) = match hold(key, &lease, opts.on_lost, context::within(held, fut)).await
-        {
-            Ok(out) => out,
-            Err(e) => {
-                // Cancelled by a loss: the guard's drop releases in the background.
-                drop(guard);
-                self.settle_shutdown().await;
-                return Err(e);
-            }
-        };
+        let (output, lost) =
+            match guarded(key, &lease, opts.on_lost, context::within(held, fut)).await {
+                Ok(out) => out,
+                Err(e) => {
+                    // Cancelled by a loss: the guard's drop releases in the background.
+                    drop(guard);
+                    self.settle_shutdown().await;
+                    return Err(e);
+                }
+            };
         let lost = lost || lease.is_lost();
         let released = guard.release_outcome().await;
         let lost = lost || matches!(released, Ok(Released::NotOwner));
@@ -247,7 +247,7 @@ fn section_span(key: &str, opts: &LockOptions) -> tracing::Span {
 /// Runs `body` while `lease` holds. Before every poll of the body the lease is checked on the
 /// caller's clock. `Ok((output, lost during the body))`, or `Err(Lost)` when the loss policy
 /// cancelled the body.
-async fn hold<F: Future>(
+async fn guarded<F: Future>(
     key: &str,
     lease: &LeaseInfo,
     on_lost: OnLost,
