@@ -32,9 +32,12 @@ use self::scripts::{
     ACQUIRE, Call, FORCE, INSPECT, RELEASE, RENEW, Scripts, ints, lock_keys, per_lease,
 };
 use self::settings::{RedisSettings, Timeouts, TlsFiles, Topology};
-use crate::backend::contract::{Attempt, Queueing, Released, Renewal, Renewed, Token, millis};
+use crate::backend::contract::{
+    Attempt, LockState, Queueing, Released, Renewal, Renewed, Token, millis,
+};
 use crate::error::BackendError;
 use crate::key::{LockKey, slot_of};
+use crate::owner::Holder;
 
 /// `{lock}:owner`, the holder's identity beside lock `lock` (same slot, same PTTL).
 pub(crate) fn owner_key(lock: &str) -> String {
@@ -411,6 +414,23 @@ impl RedisBackend {
         self.release_as(key, None, Mode::Release).await
     }
 
+    /// Lock `key` as inspection reports it, `None` when free.
+    pub(crate) async fn lock_state(
+        &self,
+        key: &LockKey,
+    ) -> Result<Option<LockState>, BackendError> {
+        let raw = self.inspect(key).await?;
+        if raw.value.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(LockState {
+            fence: fence_of_value(&raw.value),
+            remaining: u64::try_from(raw.pttl).ok().map(Duration::from_millis),
+            holder: Holder::parse(&raw.owner),
+            waiters: u64::try_from(raw.waiters).unwrap_or(0),
+        }))
+    }
+
     /// The raw state of one lock, read by inspect.lua.
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<RawLock, BackendError> {
         let owner = owner_key(key.lock());
@@ -534,6 +554,14 @@ pub(crate) struct RawLock {
     /// `<acquired-at ms>|<service>|<host>|<pid>|<instance id>`, empty when absent.
     pub(crate) owner: String,
     pub(crate) waiters: i64,
+}
+
+/// The fence in a lock's value `<token>:<fence>` (the token is 32 hex digits, see
+/// `Token`), as lock.lua writes it.
+fn fence_of_value(value: &str) -> Option<u64> {
+    let (token, fence) = value.split_once(':')?;
+    (token.len() == 32).then_some(())?;
+    fence.parse().ok()
 }
 
 /// `{lock}:done:<token>`: proof that `token`'s own release happened (release.lua's KEYS[6]).
