@@ -112,7 +112,22 @@ fn usage_error(e: clap::Error) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, String> {
-    let (url, source) = match cli.url {
+    let locker = connect(cli.url, cli.prefix).await?;
+    match cli.command {
+        Command::List { pattern } => list(&locker, &pattern).await,
+        Command::Show { key } => show(&locker, &key).await,
+        Command::Unlock { force, key } => unlock(&locker, &key, force).await,
+        Command::Watch {
+            pattern,
+            interval,
+            count,
+        } => watch(&locker, &pattern, interval, count).await,
+    }
+}
+
+/// A locker on the URL from `--url`, `LOCKCTL_URL` or `REDIS_URL`, in that order.
+async fn connect(url: Option<String>, prefix: String) -> Result<Locker, String> {
+    let (url, source) = match url {
         Some(url) => (url, "--url"),
         None => ["LOCKCTL_URL", "REDIS_URL"]
             .into_iter()
@@ -120,57 +135,57 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             .ok_or("no Redis URL: pass --url redis://host:6379/ (or set LOCKCTL_URL)")?,
     };
     // The URL itself is never printed: the library's error names the server, redacted.
-    let locker = Locker::builder()
+    Locker::builder()
         .url(url)
-        .prefix(cli.prefix)
+        .prefix(prefix)
         .service_name("lockctl")
         .build()
         .await
-        .map_err(|e| format!("cannot connect (URL from {source}): {e}"))?;
-    match cli.command {
-        Command::List { pattern } => {
-            let locks = locker.locks(&pattern).await.map_err(|e| e.to_string())?;
-            print_header();
-            for l in &locks {
-                println!("{}", line(l));
-            }
-        }
-        Command::Show { key } => {
-            let Some(l) = locker.lock_info(&key).await.map_err(|e| e.to_string())? else {
-                println!("{key:?}: not held");
-                return Ok(ExitCode::from(1));
-            };
-            print_header();
-            println!("{}", line(&l));
-            println!("redis key:   {:?}", l.redis_key);
-            if let Some(h) = &l.holder {
-                println!("service:     {:?}", h.service);
-                println!("host:        {:?}", h.host);
-                println!("pid:         {}", h.pid);
-                println!("instance id: {:?}", h.instance_id);
-                println!("acquired at: {} ms since the epoch", h.acquired_at_ms);
-            }
-        }
-        Command::Unlock { force, key } => {
-            if !force {
-                return Err(format!(
-                    "refusing to unlock {key:?} without --force: its holder may still be working"
-                ));
-            }
-            if locker.force_unlock(&key).await.map_err(|e| e.to_string())? {
-                println!("{key:?}: unlocked");
-            } else {
-                println!("{key:?}: not held");
-                return Ok(ExitCode::from(1));
-            }
-        }
-        Command::Watch {
-            pattern,
-            interval,
-            count,
-        } => watch(&locker, &pattern, interval, count).await?,
+        .map_err(|e| format!("cannot connect (URL from {source}): {e}"))
+}
+
+async fn list(locker: &Locker, pattern: &str) -> Result<ExitCode, String> {
+    let locks = locker.locks(pattern).await.map_err(|e| e.to_string())?;
+    print_header();
+    for l in &locks {
+        println!("{}", line(l));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exit code 1 when the lock is not held.
+async fn show(locker: &Locker, key: &str) -> Result<ExitCode, String> {
+    let Some(l) = locker.lock_info(key).await.map_err(|e| e.to_string())? else {
+        println!("{key:?}: not held");
+        return Ok(ExitCode::from(1));
+    };
+    print_header();
+    println!("{}", line(&l));
+    println!("redis key:   {:?}", l.redis_key);
+    if let Some(h) = &l.holder {
+        println!("service:     {:?}", h.service);
+        println!("host:        {:?}", h.host);
+        println!("pid:         {}", h.pid);
+        println!("instance id: {:?}", h.instance_id);
+        println!("acquired at: {} ms since the epoch", h.acquired_at_ms);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Exit code 1 when the lock was not held.
+async fn unlock(locker: &Locker, key: &str, force: bool) -> Result<ExitCode, String> {
+    if !force {
+        return Err(format!(
+            "refusing to unlock {key:?} without --force: its holder may still be working"
+        ));
+    }
+    if locker.force_unlock(key).await.map_err(|e| e.to_string())? {
+        println!("{key:?}: unlocked");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("{key:?}: not held");
+        Ok(ExitCode::from(1))
+    }
 }
 
 /// Prints `+` for a lock that appeared or changed holder (new fence), `-` for one that went.
@@ -179,7 +194,7 @@ async fn watch(
     pattern: &str,
     interval: Duration,
     count: Option<u64>,
-) -> Result<(), String> {
+) -> Result<ExitCode, String> {
     let mut seen: BTreeMap<String, Option<u64>> = BTreeMap::new();
     let mut round = 0;
     print_header();
@@ -198,11 +213,11 @@ async fn watch(
         seen = now;
         round += 1;
         if count.is_some_and(|n| round >= n) {
-            return Ok(());
+            return Ok(ExitCode::SUCCESS);
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
         }
     }
 }
@@ -235,20 +250,14 @@ fn line(l: &LockInfo) -> String {
     )
 }
 
-/// `500ms`, `1s`, `2m`, `1h`, or a bare number of seconds.
+/// A duration as the library's configuration writes them (humantime: `500ms`, `1s`, `1m 30s`),
+/// or a bare number of seconds.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("not a duration: {s:?}"))?;
-    let ms = match unit {
-        "ms" => n,
-        "" | "s" => n.saturating_mul(1_000),
-        "m" => n.saturating_mul(60_000),
-        "h" => n.saturating_mul(3_600_000),
-        _ => return Err(format!("unknown unit in {s:?}: use ms, s, m or h")),
-    };
-    Ok(Duration::from_millis(ms))
+    match s.parse::<u64>() {
+        Ok(secs) => Ok(Duration::from_secs(secs)),
+        Err(_) => humantime::parse_duration(s).map_err(|e| format!("not a duration: {s:?}: {e}")),
+    }
 }
 
 #[cfg(test)]
@@ -260,6 +269,8 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
         assert!(parse_duration("1x").is_err());
     }
 }
