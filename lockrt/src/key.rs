@@ -67,6 +67,31 @@ impl LockKey {
         Aux::new(&self.tag, ":w")
     }
 
+    /// `{lock}:owner`: the holder's owner record (see `owner.rs`), same slot, same PTTL.
+    pub(crate) fn owner(&self) -> Aux<'_> {
+        Aux::new(&self.tag, ":owner")
+    }
+
+    /// `{lock}:done:<token>`: proof that `token`'s own release happened (release.lua).
+    pub(crate) fn done(&self, token: &str) -> String {
+        format!("{}:done:{token}", self.tag)
+    }
+
+    /// The prefix of the lock's name: the name without the escaped user key.
+    pub(crate) fn prefix(&self) -> &str {
+        // `%`, `{` and `}` are escaped to three bytes each (see `escape_into`).
+        let escaped = self.user.len() + 2 * self.user.matches(['%', '{', '}']).count();
+        let lock = self.lock();
+        &lock[..lock.len().saturating_sub(escaped)]
+    }
+
+    /// `{<prefix>}:revoke`: where a forced unlock of any lock under this prefix names the
+    /// token it took the lock from. Never a lock's own name: those have a non-empty key
+    /// inside the braces.
+    pub(crate) fn revoke_channel(&self) -> String {
+        format!("{{{}}}:revoke", self.prefix())
+    }
+
     /// The key whose lock is Redis key `name` (as `SCAN` lists it) under `prefix`: the inverse
     /// of [`LockKey::lock`]. `None` when `name` is not under `prefix`.
     pub(crate) fn from_lock_name(prefix: &str, name: &str) -> Option<LockKey> {
@@ -83,7 +108,7 @@ impl LockKey {
 }
 
 /// `{lock}:owner`, the owner record beside lock key `lock` (for callers that have only the
-/// lock's name, such as a renewal batch).
+/// lock's name, such as a renewal batch): [`LockKey::owner`].
 pub(crate) fn owner_of_lock(lock: &str) -> String {
     format!("{{{lock}}}:owner")
 }
@@ -262,6 +287,23 @@ mod tests {
     }
 
     #[test]
+    fn the_revoke_channel_is_the_prefix_in_braces_whatever_the_key() {
+        for (prefix, user) in [
+            ("lock:", "stock:1"),
+            ("app:lock:", "a{b}%c"),
+            ("", "k"),
+            ("p", "%7B"),
+        ] {
+            let key = LockKey::new(prefix, user).unwrap();
+            assert_eq!(key.prefix(), prefix, "{user}");
+            assert_eq!(key.revoke_channel(), format!("{{{prefix}}}:revoke"));
+            // Never a lock's own channel: those have a non-empty key inside the braces.
+            assert_ne!(key.revoke_channel(), key.channel().to_string());
+            assert_eq!(tag_of_channel(&key.revoke_channel()), None);
+        }
+    }
+
+    #[test]
     fn lock_names_parse_back_into_their_keys() {
         for user in ["stock:1", "a%7Bb%7D%25", "{x}", "%", "}{", "100%{off}"] {
             let k = LockKey::new("app:lock:", user).unwrap();
@@ -271,6 +313,9 @@ mod tests {
             );
         }
         assert_eq!(LockKey::from_lock_name("app:lock:", "other:x"), None);
+        let k = LockKey::new("lock:", "a{b}").unwrap();
+        assert_eq!(k.owner().to_string(), owner_of_lock(k.lock()));
+        assert_eq!(k.done("t0"), "{lock:a%7Bb%7D}:done:t0");
         let k = LockKey::new("lock:", "job").unwrap();
         assert_eq!(owner_of_lock(k.lock()), "{lock:job}:owner");
     }

@@ -36,13 +36,8 @@ use crate::backend::contract::{
     Attempt, LockState, Queueing, Released, Renewal, Renewed, Token, millis,
 };
 use crate::error::BackendError;
-use crate::key::{LockKey, slot_of};
+use crate::key::{LockKey, owner_of_lock, slot_of};
 use crate::owner::Holder;
-
-/// `{lock}:owner`, the holder's identity beside lock `lock` (same slot, same PTTL).
-pub(crate) fn owner_key(lock: &str) -> String {
-    crate::key::owner_of_lock(lock)
-}
 
 /// Parses the topology into a [`Connector`]; an invalid URL or setting is a permanent error
 /// that names no password. `wait`: the longest `WAIT`, added to the response timeout of a
@@ -141,13 +136,12 @@ impl RedisBackend {
         let (register, grant) =
             queue.map_or((0, 0), |q| (millis(q.register), millis(q.grant_lease)));
         let retention = millis(self.fence_retention);
-        let owner = owner_key(key.lock());
         // Marked by the compensation of an acquisition that was given up: refused from then on.
-        let done = done_key(key, token);
+        let done = key.done(token.as_str());
         let call = Call {
             nkeys: 6,
             keys: |c: &mut Cmd| {
-                lock_keys(c, key, &owner);
+                lock_keys(c, key);
                 c.arg(&done);
             },
             args: |c: &mut Cmd| {
@@ -283,7 +277,7 @@ impl RedisBackend {
                     c.arg(r.lock);
                 }
                 for r in batch {
-                    c.arg(owner_key(r.lock));
+                    c.arg(owner_of_lock(r.lock));
                 }
             },
             args: |c: &mut Cmd| {
@@ -345,16 +339,15 @@ impl RedisBackend {
         mode: Mode,
     ) -> Result<Released, BackendError> {
         let retention = millis(self.fence_retention);
-        let owner = owner_key(key.lock());
         // A forced unlock and a rollback leave no proof of release: a later "not ours" of
         // that token must read as a loss.
         let done = token
             .filter(|_| !matches!(mode, Mode::Rollback))
-            .map(|t| done_key(key, t));
+            .map(|t| key.done(t.as_str()));
         let call = Call {
             nkeys: if done.is_some() { 6 } else { 5 },
             keys: |c: &mut Cmd| {
-                lock_keys(c, key, &owner);
+                lock_keys(c, key);
                 if let Some(done) = &done {
                     c.arg(done);
                 }
@@ -371,7 +364,7 @@ impl RedisBackend {
                 };
                 if token.is_none() {
                     // force.lua's last argument: where the holder's locker hears of it.
-                    c.arg(revoke::revoke_channel(key));
+                    c.arg(key.revoke_channel());
                 }
             },
         };
@@ -433,12 +426,11 @@ impl RedisBackend {
 
     /// The raw state of one lock, read by inspect.lua.
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<RawLock, BackendError> {
-        let owner = owner_key(key.lock());
         let call = Call {
             nkeys: 4,
             keys: |c: &mut Cmd| {
                 c.arg(key.lock())
-                    .arg(&owner)
+                    .arg(key.owner())
                     .arg(key.queue())
                     .arg(key.waiters());
             },
@@ -562,9 +554,4 @@ fn fence_of_value(value: &str) -> Option<u64> {
     let (token, fence) = value.split_once(':')?;
     (token.len() == 32).then_some(())?;
     fence.parse().ok()
-}
-
-/// `{lock}:done:<token>`: proof that `token`'s own release happened (release.lua's KEYS[6]).
-fn done_key(key: &LockKey, token: &Token) -> String {
-    format!("{}:done:{}", key.tag, token.as_str())
 }

@@ -2,7 +2,7 @@
 //! locker's held leases want, and which lease monitors hear of a revoked token.
 //!
 //! While its locker holds any lock, the task also listens on the revoke channel
-//! `{<prefix>}:revoke` ([`revoke_channel`]; no lock's own channel can have that name, a key is
+//! `{<prefix>}:revoke` (`LockKey::revoke_channel`; no lock's own channel can have that name, a key is
 //! never empty): a forced unlock publishes there the token it took the lock from, and the task
 //! hands it to the lease monitors ([`Holders`]), which declare that lease lost at once. One
 //! subscription per locker, made in the background when it takes its first lock and kept
@@ -16,20 +16,6 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::backend::contract::Holders;
 use crate::key::LockKey;
-
-/// The revoke channel of the locks under `key`'s prefix: `{<prefix>}:revoke`. A lock's own
-/// names all have the escaped, never empty, user key inside the braces.
-pub(crate) fn revoke_channel(key: &LockKey) -> String {
-    format!("{{{}}}:revoke", prefix_of(key))
-}
-
-/// The prefix of `key`'s lock name: the name without the escaped user key.
-fn prefix_of(key: &LockKey) -> &str {
-    // `%`, `{` and `}` are escaped to three bytes each (see `key.rs`).
-    let escaped = key.user.len() + 2 * key.user.matches(['%', '{', '}']).count();
-    let lock = key.lock();
-    &lock[..lock.len().saturating_sub(escaped)]
-}
 
 /// A prefix's revoke channel and how many leases are held under it.
 type HeldUnder = (Arc<str>, usize);
@@ -85,7 +71,7 @@ impl Revocations {
     /// One more lease held under `key`'s prefix: the prefix as kept here, and its revoke
     /// channel when this is the only lease under it (the channel to subscribe).
     pub(crate) fn hold(&self, key: &LockKey) -> (Arc<str>, Option<Arc<str>>) {
-        let prefix = prefix_of(key);
+        let prefix = key.prefix();
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         match held.get_key_value(prefix).map(|(p, _)| p.clone()) {
             Some(p) => {
@@ -96,7 +82,7 @@ impl Revocations {
             }
             None => {
                 let p: Arc<str> = prefix.into();
-                let channel: Arc<str> = revoke_channel(key).into();
+                let channel: Arc<str> = key.revoke_channel().into();
                 held.insert(p.clone(), (channel.clone(), 1));
                 (p, Some(channel))
             }
@@ -113,29 +99,6 @@ impl Revocations {
                 (*n == 0).then(|| channel.clone())
             }
             None => None,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::key::tag_of_channel;
-
-    #[test]
-    fn the_revoke_channel_is_the_prefix_in_braces_whatever_the_key() {
-        for (prefix, user) in [
-            ("lock:", "stock:1"),
-            ("app:lock:", "a{b}%c"),
-            ("", "k"),
-            ("p", "%7B"),
-        ] {
-            let key = LockKey::new(prefix, user).unwrap();
-            assert_eq!(prefix_of(&key), prefix, "{user}");
-            assert_eq!(revoke_channel(&key), format!("{{{prefix}}}:revoke"));
-            // Never a lock's own channel: those have a non-empty key inside the braces.
-            assert_ne!(revoke_channel(&key), key.channel().to_string());
-            assert_eq!(tag_of_channel(&revoke_channel(&key)), None);
         }
     }
 }

@@ -275,12 +275,12 @@ pub(crate) fn per_lease(res: Result<Vec<bool>, BackendError>, n: usize) -> Vec<R
 }
 
 /// The five names one lock's acquire- and release-shaped scripts take, in their KEYS order.
-pub(crate) fn lock_keys(c: &mut Cmd, key: &LockKey, owner: &str) {
+pub(crate) fn lock_keys(c: &mut Cmd, key: &LockKey) {
     c.arg(key.lock())
         .arg(key.fence())
         .arg(key.queue())
         .arg(key.waiters())
-        .arg(owner);
+        .arg(key.owner());
 }
 
 fn is_noscript(e: &RedisError) -> bool {
