@@ -32,7 +32,7 @@ use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use crate::backend::contract::{Attempt, Queueing, Token};
+use crate::backend::contract::{Attempt, Grant, Queueing, Token};
 use crate::error::BackendError;
 use crate::error::LockError;
 use crate::guard::LockGuard;
@@ -41,7 +41,7 @@ use crate::lease::{LeaseInfo, NewLease, margin};
 use crate::locker::Locker;
 use crate::options::{LockOptions, Terms, Wait};
 use crate::retry::Backoff;
-use crate::wait::{EntryHandle, Grant, Listener, Owner};
+use crate::wait::{EntryHandle, Listener, Owner};
 
 /// How long a queued waiter's registration lives without a refresh (it refreshes at half).
 const REGISTRATION: Duration = Duration::from_secs(2);

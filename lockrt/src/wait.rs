@@ -13,12 +13,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use std::time::Duration;
-
 use tokio::sync::{Notify, Semaphore};
-use tokio::time::Instant;
 
-use crate::backend::contract::Events;
+use crate::backend::contract::{Events, Grant, Notice};
 use crate::backend::redis::pubsub::Subscriber;
 use crate::error::BackendError;
 use crate::lease::LeaseInfo;
@@ -45,40 +42,8 @@ pub(crate) struct Entry {
     holder: Mutex<Option<(Owner, Weak<LeaseInfo>)>>,
     notify: Notify,
     listeners: AtomicUsize,
-    /// Locks handed to a waiter by a release ("g:<token>:<fence>[:<µs>]" messages), until
-    /// claimed.
+    /// Locks handed to a waiter by a release, until claimed.
     grants: Mutex<Vec<Grant>>,
-}
-
-/// A lock handed over by a release, as announced on the channel.
-#[derive(Debug, Clone)]
-pub(crate) struct Grant {
-    pub(crate) token: String,
-    pub(crate) fence: u64,
-    /// Server time from the waiter's latest attempt to the release that granted the lock,
-    /// when the release knew it.
-    pub(crate) after_attempt: Option<Duration>,
-    /// When the message arrived: the grant happened before.
-    pub(crate) arrived: Instant,
-}
-
-impl Grant {
-    /// Parses the part of a grant message after "g:": "<token>:<fence>[:<µs>]".
-    fn parse(rest: &[u8], arrived: Instant) -> Option<Grant> {
-        let text = std::str::from_utf8(rest).ok()?;
-        let (token, tail) = text.split_at_checked(32)?;
-        let tail = tail.strip_prefix(':')?;
-        let (fence, after_attempt) = match tail.split_once(':') {
-            Some((fence, us)) => (fence, Some(Duration::from_micros(us.parse().ok()?))),
-            None => (tail, None),
-        };
-        Some(Grant {
-            token: token.to_owned(),
-            fence: fence.parse().ok()?,
-            after_attempt,
-            arrived,
-        })
-    }
 }
 
 /// Grants kept per key at most: only this locker's head waiter claims one, the rest are
@@ -91,10 +56,8 @@ impl Entry {
         self.listeners.load(Ordering::Relaxed) > 0
     }
 
-    fn deliver(&self, payload: &[u8]) {
-        if let Some(rest) = payload.strip_prefix(b"g:")
-            && let Some(grant) = Grant::parse(rest, Instant::now())
-        {
+    fn deliver(&self, notice: Notice) {
+        if let Notice::Granted(grant) = notice {
             let mut grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
             if grants.len() >= MAX_GRANTS {
                 grants.remove(0);
@@ -121,9 +84,9 @@ impl Shared {
 }
 
 impl Events for Shared {
-    fn message(&self, tag: &str, payload: &[u8]) {
+    fn message(&self, tag: &str, notice: Notice) {
         if let Some(e) = self.entries().get(tag) {
-            e.deliver(payload);
+            e.deliver(notice);
         }
     }
 
@@ -321,32 +284,6 @@ impl Drop for Listener<'_> {
         };
         if last && let Some(sub) = &self.handle.shared.remote {
             sub.unsubscribe(&self.handle.tag);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grant_messages_parse_with_and_without_the_time_since_the_attempt() {
-        let t = Instant::now();
-        let token = "0123456789abcdef0123456789abcdef";
-        let g = Grant::parse(format!("{token}:42:1500").as_bytes(), t).unwrap();
-        assert_eq!((g.token.as_str(), g.fence), (token, 42));
-        assert_eq!(g.after_attempt, Some(Duration::from_micros(1500)));
-        let g = Grant::parse(format!("{token}:42").as_bytes(), t).unwrap();
-        assert_eq!((g.fence, g.after_attempt), (42, None));
-        for bad in [
-            format!("{token}:"),
-            format!("{token}:x"),
-            format!("{token}:42:"),
-            format!("{token}:42:-1"),
-            format!("{token}42"),
-            "short:1".to_owned(),
-        ] {
-            assert!(Grant::parse(bad.as_bytes(), t).is_none(), "{bad}");
         }
     }
 }

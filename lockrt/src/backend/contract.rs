@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::error::BackendError;
 use crate::owner::Holder;
 
@@ -110,10 +112,31 @@ pub(crate) struct Renewal<'a> {
     pub(crate) lease: Duration,
 }
 
+/// A lock handed over by a release, as announced on the channel.
+#[derive(Debug, Clone)]
+pub(crate) struct Grant {
+    pub(crate) token: String,
+    pub(crate) fence: u64,
+    /// Server time from the waiter's latest attempt to the release that granted the lock,
+    /// when the release knew it.
+    pub(crate) after_attempt: Option<Duration>,
+    /// When the message arrived: the grant happened before.
+    pub(crate) arrived: Instant,
+}
+
+/// What a release told the waiters of its lock.
+#[derive(Debug, Clone)]
+pub(crate) enum Notice {
+    /// Released, or a message not understood: waiters try again.
+    Released,
+    /// Handed to a waiter, named by its token in the grant.
+    Granted(Grant),
+}
+
 /// What the subscriber reports to the waiting side.
 pub(crate) trait Events: Send + Sync {
     /// A message on the release channel of the lock with tag `tag`.
-    fn message(&self, tag: &str, payload: &[u8]);
+    fn message(&self, tag: &str, notice: Notice);
     /// Messages may have been missed: every waiter should retry now.
     fn missed(&self);
     /// The tags whose channel has a listener now.

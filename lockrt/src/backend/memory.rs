@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::contract::{Attempt, Events, Holders, LockState, Renewal, Token};
+use super::contract::{Attempt, Events, Holders, LockState, Notice, Renewal, Token};
 use crate::key::LockKey;
 use crate::owner::Holder;
 
@@ -162,7 +162,7 @@ impl MemoryBackend {
             .filter_map(Weak::upgrade)
             .collect();
         for p in peers {
-            p.message(tag, b"r");
+            p.message(tag, Notice::Released);
         }
     }
 

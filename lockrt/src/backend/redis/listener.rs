@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::connector::Connector;
 use super::diagnose::diagnose;
+use super::notice::notice;
 use super::revoke::Revocations;
 use crate::backend::contract::Events;
 use crate::error::BackendError;
@@ -208,7 +209,7 @@ impl Task {
             tag_of_channel(msg.get_channel_name()),
             self.events.upgrade(),
         ) {
-            events.message(tag, msg.get_payload_bytes());
+            events.message(tag, notice(msg.get_payload_bytes(), Instant::now()));
         }
     }
 

@@ -11,6 +11,7 @@ pub(crate) mod connector;
 mod diagnose;
 mod link;
 mod listener;
+mod notice;
 pub(crate) mod pubsub;
 mod revoke;
 mod scripts;
