@@ -30,6 +30,12 @@ pub(crate) fn owner_text(service: Option<&str>, instance: uuid::Uuid) -> String 
     )
 }
 
+/// The record kept beside a lock: `<acquired-at ms>|<owner text>` (lock.lua writes the same
+/// from the server's clock).
+pub(crate) fn record(acquired_at_ms: u64, owner: &str) -> String {
+    format!("{acquired_at_ms}|{owner}")
+}
+
 /// `owner` (an [`owner_text`]) naming instance `id` instead of its own.
 pub(crate) fn with_instance(owner: &str, id: uuid::Uuid) -> String {
     let rest = owner.rsplit_once('|').map_or(owner, |(rest, _)| rest);
@@ -118,7 +124,7 @@ mod tests {
         let long = "x|y\n".repeat(100);
         let text = owner_text(Some(&long), id);
         assert!(text.len() <= 256, "{}", text.len());
-        let h = Holder::parse(&format!("1700000000000|{text}")).unwrap();
+        let h = Holder::parse(&record(1_700_000_000_000, &text)).unwrap();
         assert_eq!(h.service.len(), MAX_PART);
         assert!(!h.service.contains('|'));
         assert_eq!(h.pid, std::process::id());

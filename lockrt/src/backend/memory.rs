@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::contract::{Attempt, Events, Holders, LockState, Notice, Renewal, Token};
 use crate::key::LockKey;
-use crate::owner::Holder;
+use crate::owner::{self, Holder};
 
 struct Held {
     token: Token,
@@ -105,7 +105,7 @@ impl MemoryBackend {
                 token: *token,
                 fence,
                 expires: now + ttl,
-                owner: format!("{}|{}", wall_ms(), self.owner).into(),
+                owner: owner::record(wall_ms(), &self.owner).into(),
             },
         );
         Attempt::Acquired { fence }
@@ -166,7 +166,7 @@ impl MemoryBackend {
         }
     }
 
-    /// One live lock: (fence, remaining lease, owner text).
+    /// One live lock as inspection reports it.
     pub(crate) fn inspect(&self, lock: &str) -> Option<LockState> {
         let now = Instant::now();
         self.state()
