@@ -556,3 +556,18 @@ fn fence_of_value(value: &str) -> Option<u64> {
     (token.len() == 32).then_some(())?;
     fence.parse().ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_are_read_from_lock_values_as_lock_lua_writes_them() {
+        let token = Token::new();
+        let value = format!("{}:{}", token.as_str(), 42);
+        assert_eq!(fence_of_value(&value), Some(42));
+        for foreign in ["", "42", "abc:42", "x:y", &format!("{}:", token.as_str())] {
+            assert_eq!(fence_of_value(foreign), None, "{foreign:?}");
+        }
+    }
+}
