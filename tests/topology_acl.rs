@@ -13,7 +13,7 @@ use support::logs::{LogBuf, capture};
 use support::topology::{Raw, assert_woken_promptly, figure, ms, ms_f, spawn_waiter};
 use tokio::time::Instant;
 
-/// The rules `ACL_HINT` documents (lockrt/src/backend/diagnose.rs), for the default prefix.
+/// The rules `ACL_HINT` documents (lockrt/src/backend/redis/diagnose.rs), for the default prefix.
 const RULES: &str = "~lock:* ~{lock:* &{lock:* +evalsha +eval +subscribe +unsubscribe +ping \
                      +hello +wait +role +get +set +del +exists +incr +pexpire +pttl +time \
                      +hget +hset +hdel +zadd +zrange +zrem +zscore +publish";

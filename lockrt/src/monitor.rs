@@ -10,7 +10,7 @@
 //! passed `max_hold` marks the lease lost.
 //!
 //! A forced unlock revokes a lease at once: while it watches a lease, the monitor has its
-//! locker listen on the revoke channel (`backend::pubsub`), and a token revoked there (or by an
+//! locker listen on the revoke channel (`backend::redis::revoke`), and a token revoked there (or by an
 //! in-memory forced unlock) is renewed at once, owner-checked: the server's "not yours" is
 //! what declares it lost, so a message anyone could publish is only a hint (a fixed lease,
 //! which has no renewal to ask with, is declared lost by the message). The regular renewal

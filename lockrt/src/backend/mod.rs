@@ -1,7 +1,7 @@
 //! Where locks live. One enum over the backends (no boxing on the hot path); each backend
 //! implements the same three atomic operations (acquire, renew a batch, release) with the same
 //! owner-token semantics, so the waiting, lease and guard logic above never knows which it has.
-//! Nothing here waits for a lock or keeps time: that is `wait.rs` and `lease.rs`.
+//! Nothing here waits for a lock or keeps time: that is `wait.rs`, `lease.rs` and `monitor.rs`.
 
 pub(crate) mod contract;
 pub(crate) mod memory;
