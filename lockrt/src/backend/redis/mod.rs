@@ -549,12 +549,10 @@ pub(crate) struct RawLock {
     pub(crate) waiters: i64,
 }
 
-/// The fence in a lock's value `<token>:<fence>` (the token is 32 hex digits, see
-/// `Token`), as lock.lua writes it.
+/// The fence in a lock's value `<token>:<fence>` (the token is 32 hex digits, see `Token`),
+/// as lock.lua writes it: whatever follows the token and its separator.
 fn fence_of_value(value: &str) -> Option<u64> {
-    let (token, fence) = value.split_once(':')?;
-    (token.len() == 32).then_some(())?;
-    fence.parse().ok()
+    value.get(33..).and_then(|f| f.parse().ok())
 }
 
 #[cfg(test)]
@@ -567,6 +565,7 @@ mod tests {
         let value = format!("{}:{}", token.as_str(), 42);
         assert_eq!(fence_of_value(&value), Some(42));
         for foreign in ["", "42", "abc:42", "x:y", &format!("{}:", token.as_str())] {
+            // Nothing after the token's 33 bytes, or not a number there.
             assert_eq!(fence_of_value(foreign), None, "{foreign:?}");
         }
     }
