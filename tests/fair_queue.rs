@@ -26,7 +26,9 @@ async fn release_hands_the_lock_to_the_queued_waiter_atomically() {
     let value = value.expect("the lock was handed over, not freed");
     let held = w.await.unwrap().unwrap();
     let fence = held.fence();
-    assert_eq!(value.split(':').nth(1).unwrap(), fence.to_string());
+    assert!(value.contains(':'), "{value}");
+    let info = a.lock_info("hand").await.unwrap().expect("held");
+    assert_eq!(info.fence, Some(fence), "the lock's value is the waiter's");
     assert!(fence > first);
     assert_eq!(queued(&mut conn, "hand").await, 0);
     held.release().await.unwrap();
@@ -52,13 +54,34 @@ async fn granted_lease_is_extended_to_the_full_ttl() {
         .expect("held through the body without loss");
 }
 
+/// Without local hand-off, every release goes to the longest waiter of any process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_lockers_take_turns_under_contention() {
+    let longest = longest_run_of_one_locker(0).await;
+    assert!(longest <= 2, "one locker held the lock {longest} times in a row");
+}
+
+/// With local hand-off, a locker keeps the lock for at most `pass_limit` hand-offs after it
+/// took it while the other locker waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_hand_offs_in_a_row_stay_within_the_pass_limit() {
+    let longest = longest_run_of_one_locker(3).await;
+    assert!(
+        longest <= 4,
+        "one locker held the lock {longest} times in a row with pass_limit 3"
+    );
+    assert!(longest >= 2, "no local hand-off happened: longest run {longest}");
+}
+
+/// Two lockers with 4 tasks each contending for one key; the longest run of sections by one
+/// locker while both had waiters.
+async fn longest_run_of_one_locker(pass_limit: u32) -> usize {
     let fx = Fx::redis();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for id in 0..2 {
-        let locker = fx.locker().await;
+        let builder = lockrt::Locker::builder().local_handoff(pass_limit);
+        let locker = fx.locker_with(builder).await;
         for _ in 0..4 {
             let (locker, order) = (locker.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
@@ -91,10 +114,8 @@ async fn two_lockers_take_turns_under_contention() {
             longest = longest.max(run);
         }
     }
-    assert!(
-        longest <= 2,
-        "one locker held the lock {longest} times in a row: {order:?}"
-    );
+    eprintln!("pass_limit {pass_limit}: longest run {longest}: {order:?}");
+    longest
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,8 +184,10 @@ async fn a_stale_grant_message_does_not_make_a_second_holder() {
     until_queued(&mut conn, "stale", 1).await;
     support::until_subscribed(&mut conn, "stale", 1).await;
     let tokens: Vec<String> = conn.zrange("{lock:stale}:q", 0, 0).await.unwrap();
-    // A grant to the waiter with the current holder's fence: older than what it has seen.
-    let stale = format!("g:{}:{}", tokens[0], g.fence());
+    // A grant to the waiter with the current holder's fence (the counter's value when the
+    // holder took it): older than what it has seen.
+    let counter: u64 = conn.get("{lock:stale}:fence").await.unwrap();
+    let stale = format!("g:{}:{counter}", tokens[0]);
     let receivers: u64 = conn.publish("{lock:stale}:rel", stale).await.unwrap();
     assert_eq!(receivers, 1);
     assert!(

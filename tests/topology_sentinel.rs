@@ -188,7 +188,7 @@ async fn chaos_sentinel_failover_locks_usable_on_new_master_within_2s() {
             .query_async(&mut replica)
             .await
             .unwrap();
-        v.is_some_and(|v| v.ends_with(&format!(":{}", guard.fence())))
+        v.is_some_and(|v| support::holder_fence_of_value(&v) == guard.fence())
             && replica.queued("held").await == 1
     })
     .await;

@@ -36,6 +36,7 @@ use crate::backend::contract::{Attempt, Grant, Queueing, Token};
 use crate::error::BackendError;
 use crate::error::LockError;
 use crate::guard::LockGuard;
+use crate::handoff::QueueSpot;
 use crate::key::LockKey;
 use crate::lease::{LeaseInfo, NewLease, margin};
 use crate::locker::Locker;
@@ -146,12 +147,14 @@ impl Locker {
     }
 }
 
-/// A lock an attempt or a grant took: its fence and the lease counted from `sent`.
+/// A lock an attempt, a grant or a local hand-off took: the fencing counter's value, the
+/// local hand-offs since, and the lease counted from `sent`.
 #[derive(Debug, Clone, Copy)]
 struct Taken {
     fence: u64,
     sent: Instant,
     lease: Duration,
+    local: u32,
 }
 
 /// What the latest busy attempt saw.
@@ -212,6 +215,21 @@ impl<'a> Acquisition<'a> {
     async fn run(self) -> Result<LockGuard, LockError> {
         let entry = self.locker.inner.notifier.entry(&self.key.tag);
         let turn = self.take_turn(&entry).await?;
+        // In the same poll that gave this caller the turn: a lease its predecessor passed on.
+        if let Some(baton) = entry.take_baton() {
+            if self.terms.watchdog && baton.fresh(self.locker.settings().safety_margin) {
+                let taken = Taken {
+                    fence: baton.counter,
+                    sent: baton.sent,
+                    lease: baton.lease,
+                    local: baton.local,
+                };
+                return Ok(self.make_guard(entry, turn, taken, baton.token));
+            }
+            // Too little lease left, or a fixed lease (which must run its own ttl): the lock
+            // goes back to Redis, and this caller asks for it there like any other.
+            crate::handoff::discard(self.locker, baton);
+        }
         let mut pending = Pending {
             locker: self.locker,
             key: &self.key,
@@ -226,7 +244,7 @@ impl<'a> Acquisition<'a> {
             None => self.wait_for_lock(&entry, &mut pending, &mut seen).await?,
         };
         pending.armed = false;
-        Ok(self.make_guard(entry, turn, taken))
+        Ok(self.make_guard(entry, turn, taken, self.token))
     }
 
     /// Step 1: this locker's FIFO turn for the key.
@@ -241,9 +259,13 @@ impl<'a> Acquisition<'a> {
             });
         }
         let _waiting = Counted::new(&self.locker.inner.waiting);
+        let spot = QueueSpot::new(self.locker, entry);
         let permit = within(self.deadline, turn.acquire_owned()).await;
         match permit {
-            Some(Ok(p)) => Ok(p),
+            Some(Ok(p)) => {
+                spot.served();
+                Ok(p)
+            }
             // Turn semaphores are never closed; a closed one reads as a timeout.
             Some(Err(_)) | None => Err(self.timeout("queued behind this locker's callers")),
         }
@@ -275,6 +297,7 @@ impl<'a> Acquisition<'a> {
                         fence,
                         sent,
                         lease: self.ttl,
+                        local: 0,
                     };
                     if self.fresh(&taken) {
                         return Ok(Some(taken));
@@ -391,6 +414,7 @@ impl<'a> Acquisition<'a> {
             fence: grant.fence,
             sent: granted_at(seen.sent?, &grant),
             lease,
+            local: 0,
         };
         (seen.counter.is_some_and(|c| grant.fence > c) && self.fresh(&taken)).then_some(taken)
     }
@@ -401,13 +425,14 @@ impl<'a> Acquisition<'a> {
         entry: EntryHandle,
         turn: OwnedSemaphorePermit,
         taken: Taken,
+        token: Token,
     ) -> LockGuard {
         let settings = self.locker.settings();
         let info = Arc::new(LeaseInfo::new(
             NewLease {
                 id: self.locker.next_lease_id(),
                 key: self.key.clone(),
-                token: self.token,
+                token,
                 ttl: self.ttl,
                 watchdog: self.terms.watchdog,
                 safety: settings.safety_margin,
@@ -415,6 +440,8 @@ impl<'a> Acquisition<'a> {
                 min_hold: self.terms.min_hold,
                 sent: taken.sent,
                 lease: taken.lease,
+                counter: taken.fence,
+                local: taken.local,
             },
             turn,
         ));
@@ -431,13 +458,13 @@ impl<'a> Acquisition<'a> {
         crate::metrics::acquired(self.start.elapsed());
         tracing::debug!(
             key = ?&*self.key.user,
-            fence = taken.fence,
+            fence = info.fence(),
             waited_ms = self.start.elapsed().as_millis() as u64,
-            outcome = "acquired",
+            outcome = if taken.local > 0 { "handed over locally" } else { "acquired" },
             "acquire"
         );
         let monitor = monitor.unwrap_or_else(|| Arc::new(crate::monitor::Monitor::closed()));
-        LockGuard::new(self.locker.clone(), monitor, info, taken.fence, entry)
+        LockGuard::new(self.locker.clone(), monitor, info, entry)
     }
 
     /// Whether a lock taken like this still has at least the safety margin left before its
@@ -506,7 +533,7 @@ fn granted_at(attempt: Instant, grant: &Grant) -> Instant {
 /// transient failures for at most `bound` (after that the lease has ended it anyway) and
 /// stopping at once on a permanent error. The token is barred from then on (see
 /// [`Backend::abandon`](crate::backend::Backend::abandon)).
-fn spawn_cleanup(locker: &Locker, key: LockKey, token: Token, bound: Duration) {
+pub(crate) fn spawn_cleanup(locker: &Locker, key: LockKey, token: Token, bound: Duration) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };

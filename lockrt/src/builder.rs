@@ -13,12 +13,14 @@ use crate::backend::redis::settings::{
 };
 use crate::error::LockError;
 use crate::key::validate_prefix;
+use crate::backend::contract::FENCES_PER_COUNT;
 use crate::locker::{Locker, Settings};
 use crate::options::{MAX_TTL, MIN_TTL, Wait};
 
 const DEFAULT_TTL: Duration = Duration::from_secs(30);
 const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_millis(100);
+const DEFAULT_LOCAL_HANDOFF: u32 = 16;
 const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// Builds a [`Locker`] with non-default settings.
@@ -52,6 +54,7 @@ pub struct LockerBuilder {
     service_name: Option<String>,
     /// The masters' credentials under Sentinel (`sentinel_master_auth`).
     master_auth: Option<Auth>,
+    local_handoff: u32,
 }
 
 impl fmt::Debug for LockerBuilder {
@@ -63,6 +66,7 @@ impl fmt::Debug for LockerBuilder {
             .field("default_wait", &self.default_wait)
             .field("default_max_hold", &self.default_max_hold)
             .field("safety_margin", &self.safety_margin)
+            .field("local_handoff", &self.local_handoff)
             .finish_non_exhaustive()
     }
 }
@@ -83,6 +87,7 @@ impl Default for LockerBuilder {
             fence_retention: DEFAULT_FENCE_RETENTION,
             service_name: None,
             master_auth: None,
+            local_handoff: DEFAULT_LOCAL_HANDOFF,
         }
     }
 }
@@ -289,6 +294,25 @@ impl LockerBuilder {
         self
     }
 
+    /// Local hand-off (default 16; `0` turns it off). When a section ends while another
+    /// caller of this locker waits for the same key, the lock passes to it in the process:
+    /// no release, no Redis round trip, the lease stays held and renewed, and the new holder
+    /// gets a fence above its predecessor's. At most `pass_limit` such hand-offs follow one
+    /// another; then the lock is released in Redis, where the longest waiter of any process
+    /// gets it. So a hot key costs almost nothing within a process, and a waiter of another
+    /// process waits at most `pass_limit + 1` sections of this one. A local hand-off needs
+    /// the lease valid for at least the safety margin, a waiter whose `watchdog` is on, and no
+    /// `min_hold` pending; otherwise the lock goes through Redis as usual. At most 31.
+    ///
+    /// ```
+    /// let strictly_fifo_across_processes = lockrt::Locker::builder().local_handoff(0);
+    /// # let _ = strictly_fifo_across_processes;
+    /// ```
+    pub fn local_handoff(mut self, pass_limit: u32) -> Self {
+        self.local_handoff = pass_limit;
+        self
+    }
+
     /// Longest time to establish a connection (default 1 s).
     pub fn connect_timeout(mut self, t: Duration) -> Self {
         self.connect_timeout = t;
@@ -341,6 +365,14 @@ impl LockerBuilder {
                 "default_ttl and timeouts must be greater than zero".into(),
             ));
         }
+        if u64::from(self.local_handoff) >= FENCES_PER_COUNT {
+            return Err(LockError::Config(format!(
+                "local_handoff({}) is too large: at most {} local hand-offs may follow one \
+                 another (each holder needs a fence of its own)",
+                self.local_handoff,
+                FENCES_PER_COUNT - 1
+            )));
+        }
         Ok(Settings {
             prefix: self.prefix.clone(),
             default_ttl: self.default_ttl.clamp(MIN_TTL, MAX_TTL),
@@ -352,6 +384,7 @@ impl LockerBuilder {
                 .connect
                 .saturating_add(self.timeouts().response),
             instance_id: uuid::Uuid::new_v4(),
+            local_handoff: self.local_handoff,
         })
     }
 

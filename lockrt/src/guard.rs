@@ -43,9 +43,9 @@ impl LockGuard {
         locker: Locker,
         monitor: Arc<Monitor>,
         info: Arc<LeaseInfo>,
-        fence: u64,
         entry: EntryHandle,
     ) -> LockGuard {
+        let fence = info.fence();
         LockGuard {
             release: Release {
                 locker,
@@ -193,6 +193,17 @@ impl Release {
         // `shutdown` waits for a release under way, also one awaited in the foreground.
         let _under_way = self.locker.inner.cleanups.token();
         self.monitor.remove(self.info.id);
+        if let Some(entry) = self.entry.take() {
+            if crate::handoff::pass_on(&self.locker, &self.info, &entry) {
+                crate::metrics::released(self.info.acquired_at.elapsed());
+                tracing::debug!(key = ?&*self.info.key.user, "release: handed over locally");
+                // Gives up the turn: the longest waiter of this locker takes the lease.
+                self.finish();
+                crate::handoff::reclaim(&self.locker, &entry);
+                return Ok(Released::HandedOver);
+            }
+            self.entry = Some(entry);
+        }
         let res = end_lease(self.locker.backend(), &self.info).await;
         if matches!(res, Ok(Released::Freed)) {
             self.locker.wake(&self.info.key.tag);

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
-use crate::backend::contract::{Released, Token};
+use crate::backend::contract::{Released, Token, holder_fence};
 use crate::error::BackendError;
 use crate::key::LockKey;
 use crate::retry::Backoff;
@@ -50,6 +50,36 @@ pub(crate) struct LeaseInfo {
     /// The holder's place in its locker's queue for the key: given up at loss, so local
     /// waiters don't queue behind a lock nobody holds.
     pub(crate) turn: Mutex<Option<OwnedSemaphorePermit>>,
+    /// The fencing counter's value when the lock was taken from the backend.
+    pub(crate) counter: u64,
+    /// How many local hand-offs since then led to this holder (0: it took the lock itself).
+    pub(crate) local: u32,
+    /// Send time and lease of the latest acquire or renewal that succeeded: what a local
+    /// successor's lease runs from.
+    renewed: Mutex<(Instant, Duration)>,
+}
+
+/// A held lease passed from one holder of a locker to the next caller of the same locker
+/// waiting for the key (local hand-off): the lock stays taken in the backend, by this token.
+#[derive(Debug)]
+pub(crate) struct Baton {
+    pub(crate) key: LockKey,
+    pub(crate) token: Token,
+    pub(crate) counter: u64,
+    /// The local hand-offs so far, this one included.
+    pub(crate) local: u32,
+    /// The lease in the backend, as in [`LeaseInfo`]'s `renewed`.
+    pub(crate) sent: Instant,
+    pub(crate) lease: Duration,
+}
+
+impl Baton {
+    /// Whether the lease it carries has at least the safety margin left (the rule every lock
+    /// handed out follows).
+    pub(crate) fn fresh(&self, safety: Duration) -> bool {
+        let m = margin(self.lease, safety);
+        Instant::now() + m <= self.sent + (self.lease - m)
+    }
 }
 
 /// How a new lease is described to [`LeaseInfo::new`].
@@ -66,6 +96,9 @@ pub(crate) struct NewLease {
     /// Send time of the request that took the lock, and the lease it took it for.
     pub(crate) sent: Instant,
     pub(crate) lease: Duration,
+    /// The fencing counter's value when the lock was taken, and the local hand-offs since.
+    pub(crate) counter: u64,
+    pub(crate) local: u32,
 }
 
 impl LeaseInfo {
@@ -90,6 +123,27 @@ impl LeaseInfo {
             loss_reported: std::sync::atomic::AtomicBool::new(false),
             deadline: Mutex::new(deadline_of(n.sent, n.lease, n.safety, hold_until)),
             turn: Mutex::new(Some(turn)),
+            counter: n.counter,
+            local: n.local,
+            renewed: Mutex::new((n.sent, n.lease)),
+        }
+    }
+
+    /// This holder's fencing token (see [`holder_fence`]).
+    pub(crate) fn fence(&self) -> u64 {
+        holder_fence(self.counter, self.local)
+    }
+
+    /// The lease as it stands in the backend, for the next local holder.
+    pub(crate) fn baton(&self) -> Baton {
+        let (sent, lease) = *self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        Baton {
+            key: self.key.clone(),
+            token: self.token,
+            counter: self.counter,
+            local: self.local + 1,
+            sent,
+            lease,
         }
     }
 
@@ -102,6 +156,10 @@ impl LeaseInfo {
         let d = deadline_of(sent, lease, self.safety, self.hold_until);
         let mut cur = self.deadline.lock().unwrap_or_else(|p| p.into_inner());
         *cur = (*cur).max(d);
+        let mut renewed = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        if sent >= renewed.0 {
+            *renewed = (sent, lease);
+        }
     }
 
     /// Lost, released, or past the local deadline: checked on the caller's clock, without
@@ -222,6 +280,8 @@ pub(crate) mod tests {
             min_hold: None,
             sent: Instant::now(),
             lease: ttl,
+            counter: 1,
+            local: 0,
         };
         Arc::new(LeaseInfo::new(lease, turn))
     }

@@ -82,6 +82,7 @@ mod config;
 mod context;
 mod error;
 mod guard;
+mod handoff;
 mod inspect;
 mod key;
 mod lease;

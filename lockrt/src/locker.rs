@@ -59,6 +59,8 @@ pub(crate) struct Settings {
     pub(crate) shutdown_bound: Duration,
     /// This locker's identity in owner records (`Locker::instance_id`).
     pub(crate) instance_id: uuid::Uuid,
+    /// Local hand-offs allowed in a row (`LockerBuilder::local_handoff`).
+    pub(crate) local_handoff: u32,
 }
 
 pub(crate) struct Inner {

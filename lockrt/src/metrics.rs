@@ -12,6 +12,7 @@
 //! | `lockrt_wait_seconds` | histogram | time from the call to holding the lock |
 //! | `lockrt_hold_seconds` | histogram | time from holding to release |
 //! | `lockrt_handoff_seconds` | histogram | time from a waiter being woken by a release to holding the lock |
+//! | `lockrt_local_handoffs_total` | counter | locks passed to the next holder inside the process (`LockerBuilder::local_handoff`) |
 //! | `lockrt_held` | gauge | locks held now |
 //! | `lockrt_waiting` | gauge | callers waiting for a busy lock now |
 
@@ -29,6 +30,10 @@ mod imp {
 
     pub(crate) fn handoff(took: Duration) {
         metrics::histogram!("lockrt_handoff_seconds").record(took.as_secs_f64());
+    }
+
+    pub(crate) fn local_handoff() {
+        metrics::counter!("lockrt_local_handoffs_total").increment(1);
     }
 
     pub(crate) fn released(held: Duration) {
@@ -66,6 +71,8 @@ mod imp {
     #[inline]
     pub(crate) fn handoff(_: Duration) {}
     #[inline]
+    pub(crate) fn local_handoff() {}
+    #[inline]
     pub(crate) fn released(_: Duration) {}
     #[inline]
     pub(crate) fn ended() {}
@@ -87,6 +94,11 @@ pub(crate) fn acquired(waited: Duration) {
 /// A waiter held the lock `took` after a release woke it.
 pub(crate) fn handoff(took: Duration) {
     imp::handoff(took);
+}
+
+/// A lock passed to the next holder of the same locker.
+pub(crate) fn local_handoff() {
+    imp::local_handoff();
 }
 
 /// A lock released after being held `held`.

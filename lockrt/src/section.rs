@@ -188,6 +188,7 @@ impl Locker {
         let guard = self.acquire(key, opts).await?;
         let span = tracing::Span::current();
         span.record("fence", guard.fence());
+        span.record("local_handoff", guard.lease().local > 0);
         span.record("waited_ms", started.elapsed().as_millis() as u64);
         let held = HeldLock {
             locker_id: self.inner.id,
@@ -229,7 +230,7 @@ impl Locker {
 }
 
 /// The `lock` span around acquisition and body: the key, the options, and once known the
-/// fence, the time waited and the outcome (`released`, `lost`, `timeout`, `error`). Events of
+/// fence, whether the lock came by local hand-off, the time waited and the outcome (`released`, `lost`, `timeout`, `error`). Events of
 /// the body and of lockrt itself are inside it, whatever order `#[instrument]` and
 /// `#[distributed_lock]` are written in.
 fn section_span(key: &str, opts: &LockOptions) -> tracing::Span {
@@ -239,6 +240,7 @@ fn section_span(key: &str, opts: &LockOptions) -> tracing::Span {
         ttl = ?opts.ttl,
         wait = ?opts.wait,
         fence = tracing::field::Empty,
+        local_handoff = tracing::field::Empty,
         waited_ms = tracing::field::Empty,
         outcome = tracing::field::Empty,
     )

@@ -18,7 +18,7 @@ use tokio::sync::{Notify, Semaphore};
 use crate::backend::contract::{Events, Grant, Notice};
 use crate::backend::redis::pubsub::Subscriber;
 use crate::error::BackendError;
-use crate::lease::LeaseInfo;
+use crate::lease::{Baton, LeaseInfo};
 
 /// Who is asking for a lock: the tokio task, or the thread when not inside a task (the future
 /// a runtime's `block_on` drives). A lock held through a guard remembers who took it, so that
@@ -44,6 +44,10 @@ pub(crate) struct Entry {
     listeners: AtomicUsize,
     /// Locks handed to a waiter by a release, until claimed.
     grants: Mutex<Vec<Grant>>,
+    /// Callers of this locker waiting for the turn (not the one that has it).
+    queued: AtomicUsize,
+    /// A lease a holder of this locker passed to the next caller that gets the turn.
+    baton: Mutex<Option<Baton>>,
 }
 
 /// Grants kept per key at most: only this locker's head waiter claims one, the rest are
@@ -144,6 +148,8 @@ impl Notifier {
                     notify: Notify::new(),
                     listeners: AtomicUsize::new(0),
                     grants: Mutex::new(Vec::new()),
+                    queued: AtomicUsize::new(0),
+                    baton: Mutex::new(None),
                 });
                 map.insert(tag.clone(), e.clone());
                 e
@@ -195,6 +201,34 @@ impl EntryHandle {
         self.entry().turn.clone()
     }
 
+    /// Callers of this locker waiting for the turn right now.
+    pub(crate) fn queued(&self) -> usize {
+        self.entry().queued.load(Ordering::Acquire)
+    }
+
+    /// Counts one more caller waiting for the turn; [`left_queue`](Self::left_queue) undoes it.
+    pub(crate) fn joined_queue(&self) {
+        self.entry().queued.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn left_queue(&self) {
+        self.entry().queued.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Leaves `baton` for whoever gets the turn next.
+    pub(crate) fn put_baton(&self, baton: Baton) {
+        *self.entry().baton.lock().unwrap_or_else(|p| p.into_inner()) = Some(baton);
+    }
+
+    /// The lease a holder passed on, if one waits (only for the caller with the turn).
+    pub(crate) fn take_baton(&self) -> Option<Baton> {
+        self.entry()
+            .baton
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
     /// Records that `owner` holds the lock through `lease`.
     pub(crate) fn set_holder(&self, owner: Owner, lease: &Arc<LeaseInfo>) {
         *self
@@ -229,6 +263,18 @@ impl EntryHandle {
             sub.subscribe(&self.tag).await?;
         }
         Ok(listener)
+    }
+}
+
+impl Clone for EntryHandle {
+    fn clone(&self) -> Self {
+        // Under the map lock, like every other clone and drop (see `Drop`).
+        let _map = self.shared.entries();
+        EntryHandle {
+            shared: self.shared.clone(),
+            tag: self.tag.clone(),
+            entry: self.entry.clone(),
+        }
     }
 }
 

@@ -16,6 +16,17 @@ use lockrt::{LockOptions, Locker};
 use redis::AsyncCommands;
 use tokio::time::Instant;
 
+/// The fence of the holder that took a lock whose value (`<token>:<counter>`) Redis has: the
+/// counter's value times 32 (README, "On the wire"; local successors take the next 31).
+pub fn holder_fence_of_value(value: &str) -> u64 {
+    let counter: u64 = value
+        .rsplit(':')
+        .next()
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("lock value {value:?}"));
+    counter * 32
+}
+
 /// A lock space: a Redis server of its own, or one in-memory locker.
 pub enum Fx {
     Redis(RedisServer),
@@ -48,6 +59,14 @@ impl Fx {
         match self {
             Fx::Redis(s) => Locker::connect(&s.url()).await.expect("connect"),
             Fx::Memory(l) => l.in_memory_peer().expect("in-memory locker"),
+        }
+    }
+
+    /// A new locker on this Redis, built from `builder` (its URL set here).
+    pub async fn locker_with(&self, builder: lockrt::LockerBuilder) -> Locker {
+        match self {
+            Fx::Redis(s) => builder.url(s.url()).build().await.expect("connect"),
+            Fx::Memory(_) => panic!("this test needs Redis"),
         }
     }
 

@@ -58,13 +58,9 @@ pub async fn lock_value(conn: &mut MultiplexedConnection, key: &str) -> Option<S
     conn.get(format!("lock:{key}")).await.expect("GET lock")
 }
 
-/// The fence stored in a lock value.
+/// The fence of the holder that took the lock with this value.
 pub fn fence_in(value: &str) -> u64 {
-    value
-        .rsplit(':')
-        .next()
-        .and_then(|f| f.parse().ok())
-        .unwrap_or_else(|| panic!("lock value {value:?}"))
+    super::holder_fence_of_value(value)
 }
 
 /// Remaining lease of the lock in Redis (`None` when it does not exist).

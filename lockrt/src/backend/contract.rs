@@ -170,6 +170,19 @@ pub(crate) struct LockState {
     pub(crate) waiters: u64,
 }
 
+/// Fences handed out per value of a key's fencing counter: the holder that took the lock from
+/// the backend gets `counter * FENCES_PER_COUNT`, its local successors the next ones, and the
+/// next holder of any process at least `(counter + 1) * FENCES_PER_COUNT`, so every holder's
+/// fence is strictly greater than the previous one's. Local hand-offs in a row stay below it.
+pub(crate) const FENCES_PER_COUNT: u64 = 32;
+
+/// The fence of the holder `local` hand-offs after the one that took the lock at `counter`.
+pub(crate) fn holder_fence(counter: u64, local: u32) -> u64 {
+    counter
+        .saturating_mul(FENCES_PER_COUNT)
+        .saturating_add(u64::from(local))
+}
+
 /// Milliseconds for a script argument: at least 1 (0 would mean "no lease"), saturating.
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)

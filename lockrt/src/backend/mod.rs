@@ -13,6 +13,7 @@ use std::sync::Weak;
 
 use self::contract::{
     Attempt, Events, Holders, LockState, Queueing, Released, Renewal, Renewed, Token,
+    holder_fence,
 };
 use crate::error::BackendError;
 use crate::key::LockKey;
@@ -136,6 +137,13 @@ impl Backend {
             Backend::Redis(b) => b.lock_state(key).await,
             Backend::Memory(b) => Ok(b.inspect(key.lock())),
         }
+        .map(|state| {
+            state.map(|s| LockState {
+                // As a holder that took the lock from the backend reports it.
+                fence: s.fence.map(|counter| holder_fence(counter, 0)),
+                ..s
+            })
+        })
     }
 
     /// The names of the held locks matching glob `pattern`, at most `limit`.

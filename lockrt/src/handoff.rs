@@ -1,0 +1,215 @@
+//! Local hand-off (`LockerBuilder::local_handoff`): a holder whose section ends while another
+//! caller of the same locker waits for the key passes the lease to it in the process. The lock
+//! stays taken in the backend by the same owner token; the next holder gets a fence of its own
+//! (see `lease::holder_fence`) and its own guard, lease monitoring and limits.
+//!
+//! The lease travels as a [`Baton`] left in the key's entry, and the key's turn (the locker's
+//! one-permit FIFO semaphore) decides who takes it: the holder leaves the baton, then gives up
+//! the turn, which goes to the longest-waiting caller; that caller takes the baton in the same
+//! poll that gives it the turn. A baton nobody takes is released in the backend: the holder
+//! checks once the turn is free after it left the baton, and so does (right after it is gone)
+//! every waiter that leaves the queue without the turn, so whichever comes last finds an
+//! unclaimed baton and a free turn, whatever the order in which they ran.
+
+use tokio::time::Instant;
+
+use crate::lease::{Baton, LeaseInfo};
+use crate::locker::Locker;
+use crate::wait::EntryHandle;
+
+/// Leaves `info`'s lease for the next caller of `locker` waiting for its key, if one waits
+/// and the lease may be passed on: the hand-offs in a row stay within the locker's limit, the
+/// lease has the safety margin left, no `min_hold` is pending (nobody may hold the lock before
+/// it ends) and the locker is not shutting down. Whether it did; the caller then gives up
+/// its turn and calls [`reclaim`].
+pub(crate) fn pass_on(locker: &Locker, info: &LeaseInfo, entry: &EntryHandle) -> bool {
+    let limit = locker.settings().local_handoff;
+    let pending_min_hold = info.keep_until.is_some_and(|k| k > Instant::now());
+    if info.local >= limit
+        || entry.queued() == 0
+        || pending_min_hold
+        || info.is_lost()
+        || locker.inner.closing.is_cancelled()
+        || info.released.load(std::sync::atomic::Ordering::Acquire)
+    {
+        return false;
+    }
+    let baton = info.baton();
+    if !baton.fresh(info.safety) {
+        return false;
+    }
+    entry.put_baton(baton);
+    crate::metrics::local_handoff();
+    true
+}
+
+/// Releases a baton nobody took: when the key's turn is free, no caller is about to take it.
+pub(crate) fn reclaim(locker: &Locker, entry: &EntryHandle) {
+    let Ok(turn) = entry.turn().try_acquire_owned() else {
+        // A caller has the turn (or is being given it): the baton is its to take.
+        return;
+    };
+    if let Some(baton) = entry.take_baton() {
+        discard(locker, baton);
+    }
+    drop(turn);
+}
+
+/// Ends the lease `baton` carries in the backend (in the background, bounded), as the
+/// compensation of an acquisition that ended without a guard does.
+pub(crate) fn discard(locker: &Locker, baton: Baton) {
+    crate::acquire::spawn_cleanup(locker, baton.key, baton.token, baton.lease);
+}
+
+/// One caller of the locker waiting for a key's turn, counted in the key's entry so that a
+/// holder knows someone waits. Left without the turn (timed out, cancelled), it checks once
+/// it is gone whether a baton was left that nobody will take.
+pub(crate) struct QueueSpot {
+    locker: Locker,
+    entry: EntryHandle,
+    served: bool,
+}
+
+impl QueueSpot {
+    pub(crate) fn new(locker: &Locker, entry: &EntryHandle) -> QueueSpot {
+        entry.joined_queue();
+        QueueSpot {
+            locker: locker.clone(),
+            entry: entry.clone(),
+            served: false,
+        }
+    }
+
+    /// The caller got the turn: it takes any baton itself.
+    pub(crate) fn served(mut self) {
+        self.served = true;
+    }
+}
+
+impl Drop for QueueSpot {
+    fn drop(&mut self) {
+        self.entry.left_queue();
+        if self.served {
+            return;
+        }
+        // The turn this caller may have been given goes back to the semaphore only when its
+        // wait is dropped, which may be after this: check once that has happened.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (locker, entry) = (self.locker.clone(), self.entry.clone());
+        self.locker.inner.cleanups.spawn_on(
+            async move { reclaim(&locker, &entry) },
+            &rt,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::guard::LockGuard;
+    use crate::locker::Locker;
+    use crate::options::LockOptions;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn locker(pass_limit: u32) -> Locker {
+        Locker::in_memory_with(Locker::builder().local_handoff(pass_limit))
+    }
+
+    /// `n` callers queued behind `first` in order, each holding 10 ms once it has the lock;
+    /// the fence and local hand-off count of every holder in the order they held.
+    async fn queue_behind(
+        locker: &Locker,
+        first: LockGuard,
+        opts: Vec<LockOptions>,
+    ) -> Vec<(u64, u32)> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send((first.fence(), first.lease().local)).unwrap();
+        let n = opts.len();
+        for (i, o) in opts.into_iter().enumerate() {
+            let (l, tx) = (locker.clone(), tx.clone());
+            tokio::spawn(async move {
+                let g = l.acquire("k", o).await.unwrap();
+                tx.send((g.fence(), g.lease().local)).unwrap();
+                tokio::time::sleep(10 * MS).await;
+                g.release().await.unwrap();
+            });
+            // Each joins the queue before the next (FIFO order is the test's order).
+            for _ in 0..1_000 {
+                tokio::task::yield_now().await;
+                if locker.stats().waiting > i {
+                    break;
+                }
+            }
+        }
+        assert_eq!(locker.stats().waiting, n, "all queued");
+        tokio::time::sleep(10 * MS).await;
+        first.release().await.unwrap();
+        let mut out = Vec::new();
+        while out.len() < n + 1 {
+            out.push(rx.recv().await.unwrap());
+        }
+        out
+    }
+
+    fn fences_increase(held: &[(u64, u32)]) {
+        for w in held.windows(2) {
+            assert!(w[1].0 > w[0].0, "fences in holding order: {held:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hand_offs_in_a_row_stay_within_the_limit_and_each_holder_gets_a_new_fence() {
+        let locker = locker(2);
+        let first = locker.acquire("k", LockOptions::new()).await.unwrap();
+        let held = queue_behind(&locker, first, vec![LockOptions::new(); 5]).await;
+        let locals: Vec<u32> = held.iter().map(|h| h.1).collect();
+        assert_eq!(locals, [0, 1, 2, 0, 1, 2], "{held:?}");
+        fences_increase(&held);
+        assert_eq!(held[1].0, held[0].0 + 1, "a local successor takes the next fence");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_local_hand_off_every_holder_takes_the_lock_from_the_backend() {
+        let locker = locker(0);
+        let first = locker.acquire("k", LockOptions::new()).await.unwrap();
+        let held = queue_behind(&locker, first, vec![LockOptions::new(); 3]).await;
+        assert!(held.iter().all(|h| h.1 == 0), "{held:?}");
+        fences_increase(&held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_without_the_safety_margin_left_is_not_passed_on() {
+        let locker = locker(16);
+        // A fixed 1 s lease (margin 100 ms) released with 30 ms left: through the backend.
+        let fixed = LockOptions::new().ttl(1000 * MS).watchdog(false);
+        let first = locker.acquire("k", fixed).await.unwrap();
+        tokio::time::sleep(950 * MS).await;
+        let held = queue_behind(&locker, first, vec![LockOptions::new()]).await;
+        assert_eq!(held[1].1, 0, "{held:?}");
+        // With half of it left: passed on.
+        let first = locker.acquire("k", fixed).await.unwrap();
+        tokio::time::sleep(480 * MS).await;
+        let held = queue_behind(&locker, first, vec![LockOptions::new()]).await;
+        assert_eq!(held[1].1, 1, "{held:?}");
+        fences_increase(&held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fixed_lease_waiters_and_pending_min_hold_go_through_the_backend() {
+        let locker = locker(16);
+        let first = locker.acquire("k", LockOptions::new()).await.unwrap();
+        let fixed = LockOptions::new().watchdog(false);
+        let held = queue_behind(&locker, first, vec![fixed]).await;
+        assert_eq!(held[1].1, 0, "a fixed lease runs its own ttl: {held:?}");
+        let kept = LockOptions::new().min_hold(200 * MS);
+        let first = locker.acquire("k", kept).await.unwrap();
+        let start = tokio::time::Instant::now();
+        let held = queue_behind(&locker, first, vec![LockOptions::new()]).await;
+        assert_eq!(held[1].1, 0, "{held:?}");
+        assert!(start.elapsed() >= 200 * MS, "min_hold kept the lock");
+    }
+}
