@@ -33,6 +33,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use crate::backend::contract::{Attempt, Grant, Queueing, Token};
+use crate::cleanup::Pending;
 use crate::error::BackendError;
 use crate::error::LockError;
 use crate::guard::LockGuard;
@@ -501,24 +502,6 @@ impl<'a> Acquisition<'a> {
     }
 }
 
-/// The compensation for requests sent on behalf of an acquisition that did not end in a
-/// guard: a release by token (which also leaves the waiter queue), spawned when dropped armed.
-struct Pending<'a> {
-    locker: &'a Locker,
-    key: &'a LockKey,
-    token: Token,
-    bound: Duration,
-    armed: bool,
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            spawn_cleanup(self.locker, self.key.clone(), self.token, self.bound);
-        }
-    }
-}
-
 /// Where a grant's lease starts on this clock: the latest busy attempt's send time `attempt`
 /// plus the server time from that attempt to the granting release (the release ran after the
 /// attempt reached Redis, so this is no later than the grant), but no later than the message's
@@ -527,33 +510,6 @@ impl Drop for Pending<'_> {
 fn granted_at(attempt: Instant, grant: &Grant) -> Instant {
     let most = grant.arrived.saturating_duration_since(attempt);
     attempt + grant.after_attempt.map_or(Duration::ZERO, |d| d.min(most))
-}
-
-/// Removes whatever requests with `token` may have left, in the background, retrying
-/// transient failures for at most `bound` (after that the lease has ended it anyway) and
-/// stopping at once on a permanent error. The token is barred from then on (see
-/// [`Backend::abandon`](crate::backend::Backend::abandon)).
-pub(crate) fn spawn_cleanup(locker: &Locker, key: LockKey, token: Token, bound: Duration) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let tracker = locker.inner.cleanups.clone();
-    let locker = locker.clone();
-    tracker.spawn_on(async move {
-        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500), 64)
-            .until(Instant::now() + bound);
-        loop {
-            match locker.backend().abandon(&key, &token).await {
-                Ok(crate::backend::contract::Released::Freed) => return locker.wake(&key.tag),
-                Ok(_) => return,
-                Err(e) if backoff.retry(&e).await => {}
-                Err(e) => {
-                    tracing::debug!(key = ?&*key.user, error = %e, "cleanup of an abandoned acquire failed; its lease ends it");
-                    return;
-                }
-            }
-        }
-    }, &rt);
 }
 
 /// `fut`'s output, or `None` if `deadline` passes first (`None` deadline: no limit).

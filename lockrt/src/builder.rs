@@ -6,6 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::backend::Backend;
+use crate::backend::contract::FENCES_PER_COUNT;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::RedisBackend;
 use crate::backend::redis::settings::{
@@ -13,7 +14,6 @@ use crate::backend::redis::settings::{
 };
 use crate::error::LockError;
 use crate::key::validate_prefix;
-use crate::backend::contract::FENCES_PER_COUNT;
 use crate::locker::{Locker, Settings};
 use crate::options::{MAX_TTL, MIN_TTL, Wait};
 

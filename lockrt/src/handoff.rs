@@ -58,7 +58,7 @@ pub(crate) fn reclaim(locker: &Locker, entry: &EntryHandle) {
 /// Ends the lease `baton` carries in the backend (in the background, bounded), as the
 /// compensation of an acquisition that ended without a guard does.
 pub(crate) fn discard(locker: &Locker, baton: Baton) {
-    crate::acquire::spawn_cleanup(locker, baton.key, baton.token, baton.lease);
+    crate::cleanup::spawn_cleanup(locker, baton.key, baton.token, baton.lease);
 }
 
 /// One caller of the locker waiting for a key's turn, counted in the key's entry so that a
@@ -98,10 +98,10 @@ impl Drop for QueueSpot {
             return;
         };
         let (locker, entry) = (self.locker.clone(), self.entry.clone());
-        self.locker.inner.cleanups.spawn_on(
-            async move { reclaim(&locker, &entry) },
-            &rt,
-        );
+        self.locker
+            .inner
+            .cleanups
+            .spawn_on(async move { reclaim(&locker, &entry) }, &rt);
     }
 }
 
@@ -169,7 +169,11 @@ mod tests {
         let locals: Vec<u32> = held.iter().map(|h| h.1).collect();
         assert_eq!(locals, [0, 1, 2, 0, 1, 2], "{held:?}");
         fences_increase(&held);
-        assert_eq!(held[1].0, held[0].0 + 1, "a local successor takes the next fence");
+        assert_eq!(
+            held[1].0,
+            held[0].0 + 1,
+            "a local successor takes the next fence"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -78,6 +78,7 @@
 mod acquire;
 mod backend;
 mod builder;
+mod cleanup;
 mod config;
 mod context;
 mod error;

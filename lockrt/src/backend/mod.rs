@@ -12,8 +12,7 @@ use std::time::Duration;
 use std::sync::Weak;
 
 use self::contract::{
-    Attempt, Events, Holders, LockState, Queueing, Released, Renewal, Renewed, Token,
-    holder_fence,
+    Attempt, Events, Holders, LockState, Queueing, Released, Renewal, Renewed, Token, holder_fence,
 };
 use crate::error::BackendError;
 use crate::key::LockKey;
