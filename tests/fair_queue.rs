@@ -58,7 +58,10 @@ async fn granted_lease_is_extended_to_the_full_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_lockers_take_turns_under_contention() {
     let longest = longest_run_of_one_locker(0).await;
-    assert!(longest <= 2, "one locker held the lock {longest} times in a row");
+    assert!(
+        longest <= 2,
+        "one locker held the lock {longest} times in a row"
+    );
 }
 
 /// With local hand-off, a locker keeps the lock for at most `pass_limit` hand-offs after it
@@ -70,7 +73,10 @@ async fn local_hand_offs_in_a_row_stay_within_the_pass_limit() {
         longest <= 4,
         "one locker held the lock {longest} times in a row with pass_limit 3"
     );
-    assert!(longest >= 2, "no local hand-off happened: longest run {longest}");
+    assert!(
+        longest >= 2,
+        "no local hand-off happened: longest run {longest}"
+    );
 }
 
 /// Two lockers with 4 tasks each contending for one key; the longest run of sections by one
@@ -292,4 +298,148 @@ mod queue_dead_registrations {
         let left: usize = conn.zcard("{lock:fifo}:q").await.unwrap();
         assert_eq!(left, 0, "dead registrations left behind");
     }
+}
+
+/// Waits (bounded) until `locker` has `n` callers waiting.
+async fn until_waiting(locker: &lockrt::Locker, n: usize) {
+    support::settle(
+        async || locker.stats().waiting == n,
+        &format!("never saw {n} waiting caller(s)"),
+    )
+    .await;
+}
+
+/// A section ending while a caller of the same locker waits passes the lock in the process:
+/// no script runs between the release and the next holder, whose fence is the next one; the
+/// last holder's release frees the lock in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_hand_off_runs_no_script_and_gives_the_next_fence() {
+    let fx = Fx::redis();
+    let a = fx.locker().await;
+    let mut conn = fx.conn().await;
+    let g = a.acquire("local", opts()).await.unwrap();
+    let w = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire("local", opts().wait(ms(5_000))).await })
+    };
+    until_waiting(&a, 1).await;
+    let before = support::script_calls(&mut conn).await;
+    let first = g.fence();
+    g.release().await.unwrap();
+    let next = w.await.unwrap().unwrap();
+    // `INFO` itself is not a script: only the two stats reads ran in between.
+    assert_eq!(
+        support::script_calls(&mut conn).await,
+        before,
+        "a script ran"
+    );
+    assert_eq!(next.fence(), first + 1);
+    let info = a
+        .lock_info("local")
+        .await
+        .unwrap()
+        .expect("still held in Redis");
+    assert_eq!(
+        info.fence,
+        Some(first),
+        "the lock in Redis is the one first taken"
+    );
+    next.release().await.unwrap();
+    assert!(a.lock_info("local").await.unwrap().is_none(), "freed");
+}
+
+/// The waiter a lock was passed to is cancelled before it runs again: the lock is released in
+/// Redis at once (another process gets it), not left until its lease runs out.
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiter_cancelled_at_the_hand_off_leaves_no_lock_behind() {
+    let fx = Fx::redis();
+    let (a, b) = (fx.locker().await, fx.locker().await);
+    let g = a.acquire("gone", opts().ttl(ms(30_000))).await.unwrap();
+    let w = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire("gone", opts().wait(ms(5_000))).await })
+    };
+    until_waiting(&a, 1).await;
+    // On this one thread the waiter cannot run between the two: the release gives it the
+    // turn and the lease, and it is cancelled before it takes them.
+    g.release().await.unwrap();
+    w.abort();
+    let start = Instant::now();
+    let other = b
+        .acquire("gone", opts().wait(ms(3_000)))
+        .await
+        .expect("another process gets the lock");
+    assert!(
+        start.elapsed() < ms(1_000),
+        "stranded for {:?}",
+        start.elapsed()
+    );
+    other.release().await.unwrap();
+}
+
+/// A holder that got the lock by local hand-off is revoked by a forced unlock like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_unlock_revokes_a_local_successor() {
+    let fx = Fx::redis();
+    let (a, ops) = (fx.locker().await, fx.locker().await);
+    let g = a.acquire("revoked", opts().ttl(ms(10_000))).await.unwrap();
+    let w = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire("revoked", opts().wait(ms(5_000))).await })
+    };
+    until_waiting(&a, 1).await;
+    g.release().await.unwrap();
+    let next = w.await.unwrap().unwrap();
+    assert!(ops.force_unlock("revoked").await.unwrap());
+    let start = Instant::now();
+    tokio::time::timeout(ms(2_000), next.lost())
+        .await
+        .expect("the successor learns it lost the lock");
+    assert!(start.elapsed() < ms(1_000), "took {:?}", start.elapsed());
+}
+
+/// Holders of two lockers, 4 tasks each, local hand-offs on: in the order they held the lock,
+/// no two sections overlap, fences strictly increase, and no update is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_increase_across_local_and_remote_holders() {
+    let fx = Fx::redis();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let locker = fx
+            .locker_with(lockrt::Locker::builder().local_handoff(4))
+            .await;
+        for _ in 0..4 {
+            let (locker, held, mut conn) = (locker.clone(), held.clone(), fx.conn().await);
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..12 {
+                    let g = locker
+                        .acquire("mixed", opts().wait(ms(30_000)))
+                        .await
+                        .unwrap();
+                    let start = Instant::now();
+                    let n: u64 = conn.get("count").await.unwrap_or(0);
+                    let () = conn.set("count", n + 1).await.unwrap();
+                    held.lock()
+                        .unwrap()
+                        .push((start, Instant::now(), g.fence()));
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut held = held.lock().unwrap().clone();
+    held.sort_by_key(|h| h.0);
+    let local = held.windows(2).filter(|w| w[1].2 == w[0].2 + 1).count();
+    for w in held.windows(2) {
+        assert!(w[0].1 <= w[1].0, "overlapping sections: {w:?}");
+        assert!(w[1].2 > w[0].2, "fence order: {w:?}");
+    }
+    let mut conn = fx.conn().await;
+    let count: u64 = conn.get("count").await.unwrap();
+    assert_eq!(count, 96, "lost updates");
+    assert!(local > 0, "no local hand-off happened");
 }
