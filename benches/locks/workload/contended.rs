@@ -1,7 +1,10 @@
-//! Workload 3, contended: `BENCH_TASKS` tasks on one key, half on each of two lockers, each
-//! running `BENCH_SECTIONS` critical sections (`GET counter`, then `SET counter v+1` on a
-//! plain connection). Throughput against the serial ceiling (the same sections back to back
-//! without a lock), lost updates, waits and their fairness bound, and the hand-off gap.
+//! Workload 3, contended: `BENCH_TASKS` tasks on one key, each running `BENCH_SECTIONS`
+//! critical sections (`GET counter`, then `SET counter v+1` on a plain connection): half on
+//! each of two lockers (two processes' worth of clients), and all on one locker (the hot key
+//! of one process, where local hand-off applies). Throughput against the serial ceiling (the
+//! same sections back to back without a lock) and against one task that locks, runs the
+//! section and unlocks back to back with plain redis-rs; lost updates, waits and their
+//! fairness bound, and the hand-off gap.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +17,7 @@ use tokio::sync::Barrier;
 use crate::Res;
 use crate::config::Config;
 use crate::env::Env;
-use crate::imp::{BenchLock, Lockrt, Rslock};
+use crate::imp::{BenchLock, Floor, Lockrt, Rslock};
 use crate::stats::{Figures, pct, us};
 use crate::table::{Table, Unit};
 
@@ -22,6 +25,10 @@ const CONTENDED: &str = "3 contended";
 const FLOOR: &str = "floor (serial, no lock)";
 const LOCKRT: &str = "lockrt acquire/release";
 const RSLOCK: &str = "rslock";
+const HOT: &str = "3 hot key, one process";
+const FLOOR_LOCKED: &str = "floor (one task: lock, GET, SET, unlock)";
+const LOCKRT_ONE: &str = "lockrt, one Locker";
+const RSLOCK_ONE: &str = "rslock, one manager";
 
 /// What one round of one implementation saw.
 struct ContendedRound {
@@ -60,9 +67,9 @@ fn lost_updates(expected: usize, got: i64) -> f64 {
     expected as f64 - got as f64
 }
 
-/// One round: `cfg.tasks` tasks, alternating between the two handles, on `key`.
+/// One round: `cfg.tasks` tasks, alternating between the handles, on `key`.
 async fn round<L: BenchLock>(
-    pair: &[L; 2],
+    pair: &[L],
     key: &'static str,
     counter: &ConnectionManager,
     cfg: &Config,
@@ -72,7 +79,7 @@ async fn round<L: BenchLock>(
     let mut tasks = Vec::new();
     let start = Instant::now();
     for i in 0..cfg.tasks {
-        let imp = pair[i % 2].clone();
+        let imp = pair[i % pair.len()].clone();
         let log = task(imp, key, counter.clone(), barrier.clone(), cfg.sections);
         tasks.push(tokio::spawn(log));
     }
@@ -166,6 +173,35 @@ async fn serial(counter: &ConnectionManager, total: usize, figs: &mut Figures) -
     Ok(())
 }
 
+/// The locked floor: one task taking the floor's lock, running the section and unlocking,
+/// back to back.
+async fn serial_locked(
+    floor: &Floor,
+    counter: &ConnectionManager,
+    total: usize,
+    figs: &mut Figures,
+) -> Res<()> {
+    let mut conn = counter.clone();
+    counter_set(&mut conn, 0).await?;
+    let start = Instant::now();
+    for _ in 0..total {
+        let token = floor.lock("bench:c:floor").await?;
+        section(&mut conn).await?;
+        floor.unlock("bench:c:floor", token).await?;
+    }
+    let per_sec = total as f64 / start.elapsed().as_secs_f64();
+    figs.add(HOT, FLOOR_LOCKED, "sections/s", per_sec);
+    Ok(())
+}
+
+/// The hot key's figures of one implementation.
+fn record_hot(figs: &mut Figures, imp: &str, r: &ContendedRound) {
+    figs.add(HOT, imp, "sections/s", r.per_sec);
+    figs.add(HOT, imp, "lost updates", r.lost);
+    figs.add(HOT, imp, "wait p99", us(pct(&r.waits, 0.99)) / 1e3);
+    figs.add(HOT, imp, "gap p50", us(pct(&r.gaps, 0.5)));
+}
+
 fn record(figs: &mut Figures, imp: &str, r: &ContendedRound) {
     figs.add(CONTENDED, imp, "sections/s", r.per_sec);
     figs.add(CONTENDED, imp, "lost updates", r.lost);
@@ -185,6 +221,9 @@ pub(crate) async fn run(env: &Env, cfg: &Config, figs: &mut Figures) -> Res<()> 
         Lockrt::new(&Locker::connect(&env.url).await?),
     ];
     let managers = [Rslock::new(env), Rslock::new(env)];
+    let one = [Lockrt::new(&Locker::connect(&env.url).await?)];
+    let one_manager = [Rslock::new(env)];
+    let floor = Floor::new(env).await?;
     let counter = env.manager().await?;
     let warm = Config {
         sections: 2,
@@ -192,6 +231,8 @@ pub(crate) async fn run(env: &Env, cfg: &Config, figs: &mut Figures) -> Res<()> 
     };
     round(&lockers, "bench:c", &counter, &warm).await?;
     round(&managers, "bench:c:rslock", &counter, &warm).await?;
+    round(&one, "bench:c:one", &counter, &warm).await?;
+    round(&one_manager, "bench:c:rslock1", &counter, &warm).await?;
 
     for n in 1..=cfg.rounds {
         serial(&counter, cfg.tasks * cfg.sections, figs).await?;
@@ -199,6 +240,11 @@ pub(crate) async fn run(env: &Env, cfg: &Config, figs: &mut Figures) -> Res<()> 
         let rslock = round(&managers, "bench:c:rslock", &counter, cfg).await?;
         record(figs, LOCKRT, &lockrt);
         record(figs, RSLOCK, &rslock);
+        serial_locked(&floor, &counter, cfg.tasks * cfg.sections, figs).await?;
+        let hot = round(&one, "bench:c:one", &counter, cfg).await?;
+        record_hot(figs, LOCKRT_ONE, &hot);
+        let hot = round(&one_manager, "bench:c:rslock1", &counter, cfg).await?;
+        record_hot(figs, RSLOCK_ONE, &hot);
         eprintln!("  contended round {n} done");
     }
     Ok(())
@@ -212,6 +258,37 @@ pub(crate) fn report(figs: &Figures, cfg: &Config, t: &mut Table) {
     t.row(CONTENDED, FLOOR, "section p50", sec, Unit::Us);
     for imp in [LOCKRT, RSLOCK] {
         report_imp(figs, cfg, imp, floor_rate, t);
+    }
+    report_hot(figs, cfg, floor_rate, t);
+}
+
+/// The hot key of one process against both floors.
+fn report_hot(figs: &Figures, cfg: &Config, floor_rate: f64, t: &mut Table) {
+    let locked = figs.get(HOT, FLOOR_LOCKED, "sections/s");
+    t.row(HOT, FLOOR_LOCKED, "sections/s", locked, Unit::PerSec)
+        .ratio(locked / floor_rate, "of serial floor");
+    for imp in [LOCKRT_ONE, RSLOCK_ONE] {
+        let get = |metric: &str| figs.get(HOT, imp, metric);
+        let judged = imp == LOCKRT_ONE;
+        let rate = get("sections/s");
+        let row = t.row(HOT, imp, "sections/s", rate, Unit::PerSec);
+        row.ratio(rate / floor_rate, "of serial floor");
+        if judged {
+            row.target("≥ 0.9x serial floor").met(rate / floor_rate >= 0.9);
+        }
+        let row = t.row(HOT, imp, "sections/s vs locked floor", rate, Unit::PerSec);
+        row.ratio(rate / locked, "of locked floor");
+        if judged {
+            row.target("≥ 1.8x locked floor").met(rate / locked >= 1.8);
+        }
+        let lost = get("lost updates");
+        let metric = format!("lost updates (of {})", cfg.tasks * cfg.sections);
+        t.row(HOT, imp, &metric, lost, Unit::Count)
+            .target("0")
+            .met(lost == 0.0);
+        t.row(HOT, imp, "wait p99", get("wait p99"), Unit::Ms);
+        let metric = "hand-off gap p50 (release start → next holder)";
+        t.row(HOT, imp, metric, get("gap p50"), Unit::Us);
     }
 }
 
