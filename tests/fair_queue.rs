@@ -310,10 +310,10 @@ async fn until_waiting(locker: &lockrt::Locker, n: usize) {
 }
 
 /// A section ending while a caller of the same locker waits passes the lock in the process:
-/// no script runs between the release and the next holder, whose fence is the next one; the
-/// last holder's release frees the lock in Redis.
+/// the lock stays as it is in Redis (no release, no grant), the next holder's fence is the
+/// next one; the last holder's release frees the lock in Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_local_hand_off_runs_no_script_and_gives_the_next_fence() {
+async fn a_local_hand_off_leaves_the_lock_in_redis_and_gives_the_next_fence() {
     let fx = Fx::redis();
     let a = fx.locker().await;
     let mut conn = fx.conn().await;
@@ -323,16 +323,12 @@ async fn a_local_hand_off_runs_no_script_and_gives_the_next_fence() {
         tokio::spawn(async move { a.acquire("local", opts().wait(ms(5_000))).await })
     };
     until_waiting(&a, 1).await;
-    let before = support::script_calls(&mut conn).await;
+    let value: String = conn.get("lock:local").await.unwrap();
     let first = g.fence();
     g.release().await.unwrap();
     let next = w.await.unwrap().unwrap();
-    // `INFO` itself is not a script: only the two stats reads ran in between.
-    assert_eq!(
-        support::script_calls(&mut conn).await,
-        before,
-        "a script ran"
-    );
+    let still: String = conn.get("lock:local").await.unwrap();
+    assert_eq!(still, value, "the lock was released or granted in Redis");
     assert_eq!(next.fence(), first + 1);
     let info = a
         .lock_info("local")
@@ -348,33 +344,71 @@ async fn a_local_hand_off_runs_no_script_and_gives_the_next_fence() {
     assert!(a.lock_info("local").await.unwrap().is_none(), "freed");
 }
 
-/// The waiter a lock was passed to is cancelled before it runs again: the lock is released in
-/// Redis at once (another process gets it), not left until its lease runs out.
-#[tokio::test(flavor = "current_thread")]
-async fn a_waiter_cancelled_at_the_hand_off_leaves_no_lock_behind() {
-    let fx = Fx::redis();
-    let (a, b) = (fx.locker().await, fx.locker().await);
-    let g = a.acquire("gone", opts().ttl(ms(30_000))).await.unwrap();
-    let w = {
-        let a = a.clone();
-        tokio::spawn(async move { a.acquire("gone", opts().wait(ms(5_000))).await })
-    };
-    until_waiting(&a, 1).await;
-    // On this one thread the waiter cannot run between the two: the release gives it the
-    // turn and the lease, and it is cancelled before it takes them.
-    g.release().await.unwrap();
-    w.abort();
-    let start = Instant::now();
-    let other = b
-        .acquire("gone", opts().wait(ms(3_000)))
-        .await
-        .expect("another process gets the lock");
-    assert!(
-        start.elapsed() < ms(1_000),
-        "stranded for {:?}",
-        start.elapsed()
-    );
-    other.release().await.unwrap();
+/// The waiter a lock was passed to is never polled again (its runtime's only thread blocks at
+/// the hand-off, then the runtime shuts down): the lock is released in Redis within
+/// milliseconds (another process gets it), not left until its lease runs out. Returns how long
+/// the other process waited.
+fn stranded_by_waiter_runtime(pass_limit: u32, ttl: std::time::Duration) -> std::time::Duration {
+    let main_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = lockrt::testing::RedisServer::start().unwrap();
+    let url = server.url();
+    let (a, b, h) = main_rt.block_on(async {
+        let a = lockrt::Locker::builder()
+            .url(url.clone())
+            .local_handoff(pass_limit)
+            .build()
+            .await
+            .unwrap();
+        let b = lockrt::Locker::connect(&url).await.unwrap();
+        let h = a.acquire("k", opts().ttl(ttl)).await.unwrap();
+        (a, b, h)
+    });
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (released_tx, released_rx) = std::sync::mpsc::channel::<()>();
+    let a2 = a.clone();
+    let t = std::thread::spawn(move || {
+        let rt2 = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt2.block_on(async move {
+            let a3 = a2.clone();
+            let _w = tokio::spawn(async move { a3.acquire("k", opts().wait(ms(20_000))).await });
+            while a2.stats().waiting == 0 {
+                tokio::task::yield_now().await;
+            }
+            ready_tx.send(()).unwrap();
+            // The runtime's only thread blocks: W is woken by the hand-off, never polled.
+            released_rx.recv().unwrap();
+        });
+        drop(rt2);
+    });
+    ready_rx.recv().unwrap();
+    let waited = main_rt.block_on(async {
+        h.release().await.unwrap();
+        released_tx.send(()).unwrap();
+        t.join().unwrap();
+        tokio::time::sleep(ms(20)).await;
+        let s = Instant::now();
+        let g = b.acquire("k", opts().wait(ms(20_000))).await.unwrap();
+        let waited = s.elapsed();
+        drop(g);
+        waited
+    });
+    main_rt.shutdown_timeout(ms(500));
+    waited
+}
+
+#[test]
+fn a_waiter_that_never_runs_again_at_the_hand_off_leaves_no_lock_behind() {
+    let without = stranded_by_waiter_runtime(0, ms(5_000));
+    let with = stranded_by_waiter_runtime(16, ms(5_000));
+    assert!(without < ms(1_000), "without local hand-off: {without:?}");
+    assert!(with < ms(1_000), "the lock stayed in Redis for {with:?}");
 }
 
 /// A holder that got the lock by local hand-off is revoked by a forced unlock like any other.

@@ -27,7 +27,7 @@ use crate::config::Config;
 use crate::env::Env;
 use crate::stats::Figures;
 use crate::table::Table;
-use crate::workload::{baseline, contended, handoff, many_held, parallel, uncontended};
+use crate::workload::{baseline, contended, handoff, many_held, parallel, processes, uncontended};
 
 mod config;
 mod env;
@@ -44,11 +44,14 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Res<T> = Result<T, BoxError>;
 
 fn main() -> Res<()> {
-    let cfg = Config::from_env();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(run(cfg))
+    // A worker process of the multi-process workload: started by this binary itself.
+    if let Ok(spec) = std::env::var(processes::WORKER) {
+        return rt.block_on(processes::worker(&spec));
+    }
+    rt.block_on(run(Config::from_env()))
 }
 
 async fn run(cfg: Config) -> Res<()> {
@@ -81,6 +84,7 @@ async fn measure(env: &Env, cfg: &Config) -> Res<Figures> {
     handoff::run(env, cfg, &mut figs).await?;
     parallel::run(env, cfg, &mut figs).await?;
     many_held::run(env, cfg, &mut figs).await?;
+    processes::run(env, cfg, &mut figs).await?;
     Ok(figs)
 }
 
@@ -93,6 +97,7 @@ fn report(figs: &Figures, cfg: &Config) -> Table {
     handoff::report(figs, cfg, &mut t);
     parallel::report(figs, cfg, &mut t);
     many_held::report(figs, cfg, &mut t);
+    processes::report(figs, &mut t);
     t
 }
 

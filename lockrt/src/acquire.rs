@@ -39,7 +39,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::handoff::QueueSpot;
 use crate::key::LockKey;
-use crate::lease::{LeaseInfo, NewLease, margin};
+use crate::lease::{Chain, LeaseInfo, NewLease, margin};
 use crate::locker::Locker;
 use crate::options::{LockOptions, Terms, Wait};
 use crate::retry::Backoff;
@@ -218,17 +218,20 @@ impl<'a> Acquisition<'a> {
         let turn = self.take_turn(&entry).await?;
         // In the same poll that gave this caller the turn: a lease its predecessor passed on.
         if let Some(baton) = entry.take_baton() {
-            if self.terms.watchdog && baton.fresh(self.locker.settings().safety_margin) {
+            let usable = self.terms.watchdog && baton.ttl == self.ttl;
+            if usable && baton.fresh(self.locker.settings().safety_margin) {
+                crate::metrics::local_handoff();
                 let taken = Taken {
                     fence: baton.counter,
                     sent: baton.sent,
                     lease: baton.lease,
                     local: baton.local,
                 };
-                return Ok(self.make_guard(entry, turn, taken, baton.token));
+                let chain = Some(baton.chain.clone());
+                return Ok(self.make_guard(entry, turn, taken, baton.token, chain));
             }
-            // Too little lease left, or a fixed lease (which must run its own ttl): the lock
-            // goes back to Redis, and this caller asks for it there like any other.
+            // Too little lease left, a fixed lease (which must run its own ttl) or another ttl:
+            // the lock goes back to Redis, and this caller asks for it there like any other.
             crate::handoff::discard(self.locker, baton);
         }
         let mut pending = Pending {
@@ -245,7 +248,7 @@ impl<'a> Acquisition<'a> {
             None => self.wait_for_lock(&entry, &mut pending, &mut seen).await?,
         };
         pending.armed = false;
-        Ok(self.make_guard(entry, turn, taken, self.token))
+        Ok(self.make_guard(entry, turn, taken, self.token, None))
     }
 
     /// Step 1: this locker's FIFO turn for the key.
@@ -427,6 +430,7 @@ impl<'a> Acquisition<'a> {
         turn: OwnedSemaphorePermit,
         taken: Taken,
         token: Token,
+        chain: Option<Arc<Chain>>,
     ) -> LockGuard {
         let settings = self.locker.settings();
         let info = Arc::new(LeaseInfo::new(
@@ -443,6 +447,7 @@ impl<'a> Acquisition<'a> {
                 lease: taken.lease,
                 counter: taken.fence,
                 local: taken.local,
+                chain,
             },
             turn,
         ));

@@ -193,18 +193,24 @@ impl Release {
         // `shutdown` waits for a release under way, also one awaited in the foreground.
         let _under_way = self.locker.inner.cleanups.token();
         self.monitor.remove(self.info.id);
-        if let Some(entry) = self.entry.take() {
-            if crate::handoff::pass_on(&self.locker, &self.info, &entry) {
-                crate::metrics::released(self.info.acquired_at.elapsed());
-                tracing::debug!(key = ?&*self.info.key.user, "release: handed over locally");
-                // Gives up the turn: the longest waiter of this locker takes the lease.
+        let entry = self.entry.take();
+        let passed = entry
+            .as_ref()
+            .and_then(|e| crate::handoff::pass_on(&self.locker, &self.info, e));
+        let res = match (entry, passed) {
+            (Some(entry), Some(check)) => {
+                // Gives up the turn: the longest waiter of this locker takes the lease (and
+                // runs at once), while this holder checks that it was still its own.
                 self.finish();
                 crate::handoff::reclaim(&self.locker, &entry);
-                return Ok(Released::HandedOver);
+                let (locker, monitor) = (&self.locker, &self.monitor);
+                crate::handoff::confirm(locker, &self.info, &entry, monitor, check).await
             }
-            self.entry = Some(entry);
-        }
-        let res = end_lease(self.locker.backend(), &self.info).await;
+            (entry, _) => {
+                self.entry = entry;
+                end_lease(self.locker.backend(), &self.info).await
+            }
+        };
         if matches!(res, Ok(Released::Freed)) {
             self.locker.wake(&self.info.key.tag);
         }

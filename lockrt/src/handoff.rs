@@ -11,18 +11,28 @@
 //! every waiter that leaves the queue without the turn, so whichever comes last finds an
 //! unclaimed baton and a free turn, whatever the order in which they ran.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
-use crate::lease::{Baton, LeaseInfo};
+use crate::backend::contract::{Released, Renewal};
+use crate::error::BackendError;
+use crate::lease::{Baton, ChainCheck, LeaseInfo};
 use crate::locker::Locker;
+use crate::monitor::Monitor;
+use crate::retry::Backoff;
 use crate::wait::EntryHandle;
 
 /// Leaves `info`'s lease for the next caller of `locker` waiting for its key, if one waits
 /// and the lease may be passed on: the hand-offs in a row stay within the locker's limit, the
 /// lease has the safety margin left, no `min_hold` is pending (nobody may hold the lock before
-/// it ends) and the locker is not shutting down. Whether it did; the caller then gives up
-/// its turn and calls [`reclaim`].
-pub(crate) fn pass_on(locker: &Locker, info: &LeaseInfo, entry: &EntryHandle) -> bool {
+/// it ends) and the locker is not shutting down. The check it then owes (see [`confirm`]),
+/// if it did; the caller then gives up its turn and calls [`reclaim`].
+pub(crate) fn pass_on(
+    locker: &Locker,
+    info: &LeaseInfo,
+    entry: &EntryHandle,
+) -> Option<ChainCheck> {
     let limit = locker.settings().local_handoff;
     let pending_min_hold = info.keep_until.is_some_and(|k| k > Instant::now());
     if info.local >= limit
@@ -32,15 +42,81 @@ pub(crate) fn pass_on(locker: &Locker, info: &LeaseInfo, entry: &EntryHandle) ->
         || locker.inner.closing.is_cancelled()
         || info.released.load(std::sync::atomic::Ordering::Acquire)
     {
-        return false;
+        return None;
     }
     let baton = info.baton();
     if !baton.fresh(info.safety) {
-        return false;
+        return None;
     }
+    // Counted before anyone can take the lease: no later holder releases it before the check.
+    let check = info.chain.checking();
     entry.put_baton(baton);
-    crate::metrics::local_handoff();
-    true
+    Some(check)
+}
+
+/// How long a passed-on lease waits to be taken before it is released in the backend: the
+/// next holder takes it in the poll that gives it the turn, so only a caller that is not
+/// polled (its runtime blocked or gone) leaves it this long.
+const CLAIM_WITHIN: Duration = Duration::from_millis(50);
+
+/// What a holder that passed its lease on still does, while the next holder already runs:
+/// makes sure a lease nobody takes is released soon (see [`CLAIM_WITHIN`]), and checks with
+/// the server that the lock was still its own (an owner-checked renewal): a lock lost before
+/// the hand-off (expired unseen, deleted, a server restart) is a loss of this holder, reported
+/// as a release would report it (`NotOwner`), and of every holder it was passed to.
+pub(crate) async fn confirm(
+    locker: &Locker,
+    info: &LeaseInfo,
+    entry: &EntryHandle,
+    monitor: &Monitor,
+    check: ChainCheck,
+) -> Result<Released, BackendError> {
+    release_if_unclaimed(locker, entry, info.counter, info.local + 1);
+    let renewal = Renewal {
+        lock: info.key.lock(),
+        token: &info.token,
+        lease: info.ttl,
+    };
+    // Retried like a release whose outcome is unknown (a reset, a restarted server).
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100), 3);
+    let res = loop {
+        let now = Instant::now();
+        let left = info.deadline().saturating_duration_since(now);
+        let hedge_at = now + (left / 2).max(Duration::from_millis(5));
+        let res = locker.backend().renew_hedged(&[renewal], hedge_at).await;
+        match res.into_iter().next() {
+            Some(Err(e)) if backoff.retry(&e).await => {}
+            res => break res,
+        }
+    };
+    drop(check);
+    match res {
+        Some(Ok(true)) | None => Ok(Released::HandedOver),
+        Some(Ok(false)) => {
+            monitor.revoked(info.token.as_str());
+            drop(entry.take_baton_if(info.counter, info.local + 1));
+            Ok(Released::NotOwner)
+        }
+        Some(Err(e)) => Err(e),
+    }
+}
+
+/// Releases the baton of hand-off `local` if it is still there after [`CLAIM_WITHIN`], on the
+/// releasing holder's runtime.
+fn release_if_unclaimed(locker: &Locker, entry: &EntryHandle, counter: u64, local: u32) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (l, e) = (locker.clone(), entry.clone());
+    locker.inner.cleanups.spawn_on(
+        async move {
+            tokio::time::sleep(CLAIM_WITHIN).await;
+            if let Some(baton) = e.take_baton_if(counter, local) {
+                discard(&l, baton);
+            }
+        },
+        &rt,
+    );
 }
 
 /// Releases a baton nobody took: when the key's turn is free, no caller is about to take it.
@@ -58,7 +134,18 @@ pub(crate) fn reclaim(locker: &Locker, entry: &EntryHandle) {
 /// Ends the lease `baton` carries in the backend (in the background, bounded), as the
 /// compensation of an acquisition that ended without a guard does.
 pub(crate) fn discard(locker: &Locker, baton: Baton) {
-    crate::cleanup::spawn_cleanup(locker, baton.key, baton.token, baton.lease);
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let l = locker.clone();
+    locker.inner.cleanups.spawn_on(
+        async move {
+            // After the checks of the holders before it (see `lease::Chain`).
+            baton.chain.idle().await;
+            crate::cleanup::spawn_cleanup(&l, baton.key, baton.token, baton.lease);
+        },
+        &rt,
+    );
 }
 
 /// One caller of the locker waiting for a key's turn, counted in the key's entry so that a
@@ -192,23 +279,28 @@ mod tests {
         let fixed = LockOptions::new().ttl(1000 * MS).watchdog(false);
         let first = locker.acquire("k", fixed).await.unwrap();
         tokio::time::sleep(950 * MS).await;
-        let held = queue_behind(&locker, first, vec![LockOptions::new()]).await;
+        let held = queue_behind(&locker, first, vec![LockOptions::new().ttl(1000 * MS)]).await;
         assert_eq!(held[1].1, 0, "{held:?}");
-        // With half of it left: passed on.
+        // With half of it left: passed on (to a caller with the same ttl).
         let first = locker.acquire("k", fixed).await.unwrap();
         tokio::time::sleep(480 * MS).await;
-        let held = queue_behind(&locker, first, vec![LockOptions::new()]).await;
+        let same_ttl = LockOptions::new().ttl(1000 * MS);
+        let held = queue_behind(&locker, first, vec![same_ttl]).await;
         assert_eq!(held[1].1, 1, "{held:?}");
         fences_increase(&held);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn fixed_lease_waiters_and_pending_min_hold_go_through_the_backend() {
+    async fn fixed_lease_other_ttl_and_pending_min_hold_go_through_the_backend() {
         let locker = locker(16);
         let first = locker.acquire("k", LockOptions::new()).await.unwrap();
         let fixed = LockOptions::new().watchdog(false);
         let held = queue_behind(&locker, first, vec![fixed]).await;
         assert_eq!(held[1].1, 0, "a fixed lease runs its own ttl: {held:?}");
+        let first = locker.acquire("k", LockOptions::new()).await.unwrap();
+        let shorter = LockOptions::new().ttl(5_000 * MS);
+        let held = queue_behind(&locker, first, vec![shorter]).await;
+        assert_eq!(held[1].1, 0, "renewals with another ttl: {held:?}");
         let kept = LockOptions::new().min_hold(200 * MS);
         let first = locker.acquire("k", kept).await.unwrap();
         let start = tokio::time::Instant::now();

@@ -7,10 +7,11 @@
 //! ([`LeaseInfo::is_lost`]) and never reports "held" past it, even when the monitor has not run
 //! (a blocked thread).
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -57,6 +58,57 @@ pub(crate) struct LeaseInfo {
     /// Send time and lease of the latest acquire or renewal that succeeded: what a local
     /// successor's lease runs from.
     renewed: Mutex<(Instant, Duration)>,
+    /// Shared by the holders the lock was passed between in the process.
+    pub(crate) chain: Arc<Chain>,
+}
+
+/// The checks still under way of holders that passed one lease on in the process (see
+/// `handoff::confirm`): the lock is released in the backend only once they are done, so a
+/// check never finds the lock released by a later holder of the same lease and reports a loss
+/// that was none.
+#[derive(Debug, Default)]
+pub(crate) struct Chain {
+    pending: AtomicUsize,
+    idle: Notify,
+}
+
+/// Longest wait for a chain's checks before a release goes ahead anyway (a check is bounded
+/// by the response timeout; past this a loss may be reported that was none, never the reverse).
+const CHAIN_WAIT: Duration = Duration::from_secs(3);
+
+impl Chain {
+    /// One more check under way until the returned value is dropped.
+    pub(crate) fn checking(self: &Arc<Self>) -> ChainCheck {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        ChainCheck(self.clone())
+    }
+
+    /// Waits (bounded) until no check is under way.
+    pub(crate) async fn idle(&self) {
+        let until = Instant::now() + CHAIN_WAIT;
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.pending.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(until, idle).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A check of a [`Chain`] under way.
+pub(crate) struct ChainCheck(Arc<Chain>);
+
+impl Drop for ChainCheck {
+    fn drop(&mut self) {
+        if self.0.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 /// A held lease passed from one holder of a locker to the next caller of the same locker
@@ -71,6 +123,10 @@ pub(crate) struct Baton {
     /// The lease in the backend, as in [`LeaseInfo`]'s `renewed`.
     pub(crate) sent: Instant,
     pub(crate) lease: Duration,
+    /// The ttl its renewals use: only a caller with the same ttl takes it, so a renewal of
+    /// the predecessor landing late can never shorten the lock below the successor's deadline.
+    pub(crate) ttl: Duration,
+    pub(crate) chain: Arc<Chain>,
 }
 
 impl Baton {
@@ -99,6 +155,8 @@ pub(crate) struct NewLease {
     /// The fencing counter's value when the lock was taken, and the local hand-offs since.
     pub(crate) counter: u64,
     pub(crate) local: u32,
+    /// The chain of a lease passed on; `None` for a lock taken from the backend.
+    pub(crate) chain: Option<Arc<Chain>>,
 }
 
 impl LeaseInfo {
@@ -126,6 +184,7 @@ impl LeaseInfo {
             counter: n.counter,
             local: n.local,
             renewed: Mutex::new((n.sent, n.lease)),
+            chain: n.chain.unwrap_or_default(),
         }
     }
 
@@ -144,6 +203,8 @@ impl LeaseInfo {
             local: self.local + 1,
             sent,
             lease,
+            ttl: self.ttl,
+            chain: self.chain.clone(),
         }
     }
 
@@ -231,9 +292,10 @@ pub(crate) async fn end_lease(
     backend: &Backend,
     info: &LeaseInfo,
 ) -> Result<Released, BackendError> {
-    if info.released.load(std::sync::atomic::Ordering::Acquire) {
+    if info.released.load(Ordering::Acquire) {
         return Ok(Released::Freed);
     }
+    info.chain.idle().await;
     let mut backoff = Backoff::new(
         Duration::from_millis(10),
         Duration::from_millis(100),
@@ -254,8 +316,6 @@ pub(crate) async fn end_lease(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::sync::Arc;
-
     use tokio::sync::Semaphore;
 
     pub(crate) const SAFETY: Duration = Duration::from_millis(50);
@@ -282,6 +342,7 @@ pub(crate) mod tests {
             lease: ttl,
             counter: 1,
             local: 0,
+            chain: None,
         };
         Arc::new(LeaseInfo::new(lease, turn))
     }

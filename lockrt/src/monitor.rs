@@ -56,15 +56,27 @@ impl Shared {
         let now = Instant::now();
         let mut t = self.table();
         let mut lost = Vec::new();
+        let mut matched = false;
         for (id, st) in t.leases.iter_mut() {
             if st.info.token.as_str() != token {
                 continue;
             }
+            matched = true;
             if trusted || !st.info.watchdog {
                 lost.push(*id);
             } else {
                 st.check_now(now);
             }
+        }
+        if !matched {
+            // Perhaps a lease between two holders of this locker (local hand-off): the next
+            // holder's lease, added soon, must hear of it too.
+            t.unmatched
+                .retain(|(_, at, _)| now.duration_since(*at) < UNMATCHED_KEPT);
+            if t.unmatched.len() >= MAX_UNMATCHED {
+                t.unmatched.remove(0);
+            }
+            t.unmatched.push((token.to_owned(), now, trusted));
         }
         for id in lost {
             if let Some(st) = t.leases.remove(&id) {
@@ -115,7 +127,14 @@ struct Table {
     /// Rate limit of renewal-failure warnings.
     last_warn: Option<Instant>,
     suppressed: u64,
+    /// Revocations of tokens no watched lease had: (token, when, trusted), kept
+    /// [`UNMATCHED_KEPT`] for a lease passed on in the process that is about to be added.
+    unmatched: Vec<(String, Instant, bool)>,
 }
+
+/// How long a revocation nobody matched is kept for a lease added after it, and how many.
+const UNMATCHED_KEPT: Duration = Duration::from_secs(2);
+const MAX_UNMATCHED: usize = 16;
 
 impl Shared {
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -165,14 +184,21 @@ impl Monitor {
     /// task is gone: nobody can renew, so the caller must not pretend to hold.
     pub(crate) fn add(&self, info: Arc<LeaseInfo>, sent: Instant, lease: Duration) -> bool {
         let revocable = self.shared.subscriber.as_ref().map(|s| s.hold(&info.key));
-        let st = State::new(info, sent, lease, revocable);
-        let due = st.due();
-        // Never scan idle more often than MIN_IDLE_STEP: shorter leases just wake the task.
-        let step = due.saturating_duration_since(sent).max(MIN_IDLE_STEP);
+        let mut st = State::new(info, sent, lease, revocable);
         let mut t = self.shared.table();
         if t.closed {
             return false;
         }
+        if let Some(trusted) = revoked_before(&mut t, &st.info) {
+            if trusted || !st.info.watchdog {
+                declare_lost(&st.info, FORCED);
+                return true;
+            }
+            st.check_now(Instant::now());
+        }
+        let due = st.due();
+        // Never scan idle more often than MIN_IDLE_STEP: shorter leases just wake the task.
+        let step = due.saturating_duration_since(sent).max(MIN_IDLE_STEP);
         t.leases.insert(st.info.id, st);
         t.idle_step = Some(t.idle_step.map_or(step, |s| s.min(step)));
         if t.next_scan.is_none_or(|at| due < at) {
@@ -181,6 +207,12 @@ impl Monitor {
             self.shared.wake.notify_one();
         }
         true
+    }
+
+    /// The lock held with `token` is not ours any more, as a check of this locker found: every
+    /// lease with it, and one passed on in the process and added later, is lost.
+    pub(crate) fn revoked(&self, token: &str) {
+        self.shared.revoke_token(token, true);
     }
 
     /// Stops the task and hands over every lease it watched (shutdown).
@@ -353,6 +385,19 @@ fn warn_limited(t: &mut Table, now: Instant, e: &crate::error::BackendError, lea
     tracing::warn!(error = %e, leases, suppressed = t.suppressed, "lease renewal failed; retrying with backoff before the deadline");
     t.last_warn = Some(now);
     t.suppressed = 0;
+}
+
+/// Whether a revocation of `info`'s token came while no watched lease had it (a lease being
+/// passed on in the process): `Some(trusted)`, forgotten once matched.
+fn revoked_before(t: &mut Table, info: &LeaseInfo) -> Option<bool> {
+    if t.unmatched.is_empty() || info.local == 0 {
+        return None;
+    }
+    let i = t
+        .unmatched
+        .iter()
+        .position(|(token, _, _)| token == info.token.as_str())?;
+    Some(t.unmatched.remove(i).2)
 }
 
 #[cfg(test)]

@@ -220,6 +220,18 @@ impl EntryHandle {
         *self.entry().baton.lock().unwrap_or_else(|p| p.into_inner()) = Some(baton);
     }
 
+    /// The baton of hand-off `local` of the lock taken at `counter`, if it is still there.
+    pub(crate) fn take_baton_if(&self, counter: u64, local: u32) -> Option<Baton> {
+        let mut baton = self.entry().baton.lock().unwrap_or_else(|p| p.into_inner());
+        if baton
+            .as_ref()
+            .is_some_and(|b| b.counter == counter && b.local == local)
+        {
+            return baton.take();
+        }
+        None
+    }
+
     /// The lease a holder passed on, if one waits (only for the caller with the turn).
     pub(crate) fn take_baton(&self) -> Option<Baton> {
         self.entry()

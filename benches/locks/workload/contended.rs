@@ -274,7 +274,8 @@ fn report_hot(figs: &Figures, cfg: &Config, floor_rate: f64, t: &mut Table) {
         let row = t.row(HOT, imp, "sections/s", rate, Unit::PerSec);
         row.ratio(rate / floor_rate, "of serial floor");
         if judged {
-            row.target("≥ 0.9x serial floor").met(rate / floor_rate >= 0.9);
+            row.target("≥ 0.9x serial floor")
+                .met(rate / floor_rate >= 0.9);
         }
         let row = t.row(HOT, imp, "sections/s vs locked floor", rate, Unit::PerSec);
         row.ratio(rate / locked, "of locked floor");

@@ -9,4 +9,5 @@ pub(crate) mod contended;
 pub(crate) mod handoff;
 pub(crate) mod many_held;
 pub(crate) mod parallel;
+pub(crate) mod processes;
 pub(crate) mod uncontended;
