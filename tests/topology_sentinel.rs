@@ -226,7 +226,7 @@ async fn chaos_sentinel_failover_locks_usable_on_new_master_within_2s() {
             .query_async(&mut on_new)
             .await
             .unwrap();
-        let ours = value.is_some_and(|v| v.ends_with(&format!(":{fence}")));
+        let ours = value.is_some_and(|v| support::holder_fence_of_value(&v) == fence);
         ours && on_new
             .lease_left("held")
             .await
