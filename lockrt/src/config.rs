@@ -64,6 +64,8 @@ pub struct LockerConfig {
     /// [`LockerBuilder::safety_margin`].
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub safety_margin: Option<Duration>,
+    /// [`LockerBuilder::local_handoff`].
+    pub local_handoff: Option<u32>,
 }
 
 impl fmt::Debug for LockerConfig {
@@ -88,13 +90,14 @@ impl fmt::Debug for LockerConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("safety_margin", &self.safety_margin)
+            .field("local_handoff", &self.local_handoff)
             .finish()
     }
 }
 
 impl LockerConfig {
     /// The environment variables [`LockerBuilder::from_env`] reads, in the order it reads them.
-    pub const ENV_VARS: [&str; 11] = [
+    pub const ENV_VARS: [&str; 12] = [
         "LOCKRT_URL",
         "REDIS_URL",
         "LOCKRT_SENTINEL_MASTER_USERNAME",
@@ -106,6 +109,7 @@ impl LockerConfig {
         "LOCKRT_CONNECT_TIMEOUT",
         "LOCKRT_RESPONSE_TIMEOUT",
         "LOCKRT_SAFETY_MARGIN",
+        "LOCKRT_LOCAL_HANDOFF",
     ];
 
     /// The settings named by [`ENV_VARS`](Self::ENV_VARS), read through `lookup` (a variable
@@ -142,6 +146,16 @@ impl LockerConfig {
             connect_timeout: duration("LOCKRT_CONNECT_TIMEOUT")?,
             response_timeout: duration("LOCKRT_RESPONSE_TIMEOUT")?,
             safety_margin: duration("LOCKRT_SAFETY_MARGIN")?,
+            local_handoff: get("LOCKRT_LOCAL_HANDOFF")
+                .map(|v| {
+                    v.trim().parse().map_err(|_| {
+                        LockError::Config(format!(
+                            "LOCKRT_LOCAL_HANDOFF={v:?} is not a number of local hand-offs \
+                             (0 to 31; 0 turns local hand-off off)"
+                        ))
+                    })
+                })
+                .transpose()?,
             ..LockerConfig::default()
         })
     }
@@ -162,6 +176,7 @@ impl LockerBuilder {
     /// | `LOCKRT_CONNECT_TIMEOUT` | [`connect_timeout`](Self::connect_timeout) | `1s` |
     /// | `LOCKRT_RESPONSE_TIMEOUT` | [`response_timeout`](Self::response_timeout) | `500ms` |
     /// | `LOCKRT_SAFETY_MARGIN` | [`safety_margin`](Self::safety_margin) | `100ms` |
+    /// | `LOCKRT_LOCAL_HANDOFF` | [`local_handoff`](Self::local_handoff) | `16`, `0` |
     ///
     /// Durations are written as `30s`, `500ms`, `1m 30s` (humantime). A value that does not
     /// parse, or that is not valid unicode, is a [`LockError::Config`] naming the variable and
@@ -198,6 +213,7 @@ impl LockerBuilder {
             connect_timeout,
             response_timeout,
             safety_margin,
+            local_handoff,
         } = config;
         let mut b = servers(LockerBuilder::default(), url, cluster, sentinels, service)?;
         if master_username.is_some() || master_password.is_some() {
@@ -228,6 +244,9 @@ impl LockerBuilder {
         }
         if let Some(m) = safety_margin {
             b = b.safety_margin(m);
+        }
+        if let Some(n) = local_handoff {
+            b = b.local_handoff(n);
         }
         Ok(b)
     }
@@ -312,6 +331,7 @@ mod tests {
             ("LOCKRT_CONNECT_TIMEOUT", "1s 500ms"),
             ("LOCKRT_RESPONSE_TIMEOUT", "500ms"),
             ("LOCKRT_SAFETY_MARGIN", " 200ms "),
+            ("LOCKRT_LOCAL_HANDOFF", " 4 "),
         ]))
         .unwrap();
         assert_eq!(c.url.as_deref(), Some("redis://a:6379/"));
@@ -322,6 +342,7 @@ mod tests {
         assert_eq!(c.connect_timeout, Some(Duration::from_millis(1500)));
         assert_eq!(c.response_timeout, Some(Duration::from_millis(500)));
         assert_eq!(c.safety_margin, Some(Duration::from_millis(200)));
+        assert_eq!(c.local_handoff, Some(4));
     }
 
     #[test]
@@ -349,6 +370,7 @@ mod tests {
             ("LOCKRT_CONNECT_TIMEOUT", "1 fortnight"),
             ("LOCKRT_RESPONSE_TIMEOUT", "fast"),
             ("LOCKRT_SAFETY_MARGIN", "100 ms!"),
+            ("LOCKRT_LOCAL_HANDOFF", "sixteen"),
         ] {
             let err = LockerConfig::from_lookup(lookup(&[
                 ("LOCKRT_URL", "redis://:hunter2@a:6379/"),
