@@ -29,8 +29,10 @@ async fn non_owner_release_is_refused_and_leaves_key_and_pttl() {
     let after_value: String = conn.get("lock:own").await.unwrap();
     let after: i64 = conn.pttl("lock:own").await.unwrap();
     assert_eq!(value, after_value);
+    // Not shortened or deleted. The owner's own check once it listens for revocations (an
+    // owner-checked renewal to its 60 s ttl) may land in between: never beyond that.
     assert!(
-        after <= before && after > before - 1_000,
+        after <= 60_000 && after > before - 1_000,
         "PTTL changed: {before} -> {after}"
     );
     g.release().await.unwrap();
