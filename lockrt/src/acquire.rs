@@ -39,7 +39,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::handoff::QueueSpot;
 use crate::key::LockKey;
-use crate::lease::{Chain, LeaseInfo, NewLease, margin};
+use crate::lease::{Chain, LeaseInfo, NewLease};
 use crate::locker::Locker;
 use crate::options::{LockOptions, Terms, Wait};
 use crate::retry::Backoff;
@@ -476,8 +476,7 @@ impl<'a> Acquisition<'a> {
     /// Whether a lock taken like this still has at least the safety margin left before its
     /// local deadline.
     fn fresh(&self, t: &Taken) -> bool {
-        let m = margin(t.lease, self.locker.settings().safety_margin);
-        Instant::now() + m <= t.sent + (t.lease - m)
+        crate::lease::fresh(t.sent, t.lease, self.locker.settings().safety_margin)
     }
 
     fn expired(&self) -> bool {

@@ -20,6 +20,7 @@ use crate::error::BackendError;
 use crate::lease::{Baton, ChainCheck, LeaseInfo};
 use crate::locker::Locker;
 use crate::monitor::Monitor;
+use crate::renewal::hedge_time;
 use crate::retry::Backoff;
 use crate::wait::EntryHandle;
 
@@ -80,9 +81,8 @@ pub(crate) async fn confirm(
     // Retried like a release whose outcome is unknown (a reset, a restarted server).
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100), 3);
     let res = loop {
-        let now = Instant::now();
-        let left = info.deadline().saturating_duration_since(now);
-        let hedge_at = now + (left / 2).max(Duration::from_millis(5));
+        // Hedged like the monitor's renewals: after half of what is left of the lease.
+        let hedge_at = hedge_time(Instant::now(), std::iter::once(info.deadline()));
         let res = locker.backend().renew_hedged(&[renewal], hedge_at).await;
         match res.into_iter().next() {
             Some(Err(e)) if backoff.retry(&e).await => {}

@@ -133,9 +133,15 @@ impl Baton {
     /// Whether the lease it carries has at least the safety margin left (the rule every lock
     /// handed out follows).
     pub(crate) fn fresh(&self, safety: Duration) -> bool {
-        let m = margin(self.lease, safety);
-        Instant::now() + m <= self.sent + (self.lease - m)
+        fresh(self.sent, self.lease, safety)
     }
+}
+
+/// Whether a lease of `lease` counted from `sent` has at least the safety margin left before
+/// its local deadline: the rule every lock handed out follows.
+pub(crate) fn fresh(sent: Instant, lease: Duration, safety: Duration) -> bool {
+    let m = margin(lease, safety);
+    Instant::now() + m <= sent + (lease - m)
 }
 
 /// How a new lease is described to [`LeaseInfo::new`].
