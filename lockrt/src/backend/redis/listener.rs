@@ -42,10 +42,9 @@ const KEEPALIVE: Duration = Duration::from_secs(1);
 pub(crate) enum SubCmd {
     Subscribe(Arc<str>, oneshot::Sender<Result<(), BackendError>>),
     Unsubscribe(Arc<str>),
-    /// A lease is held under this revoke channel (the first one).
+    /// A lease is held under this revoke channel (the first one since the task last swept
+    /// it away, see `Revocations::sweep`).
     Hold(Arc<str>),
-    /// No lease is held under this revoke channel any more.
-    Unhold(Arc<str>),
 }
 
 /// How the task reaches Redis.
@@ -85,10 +84,10 @@ pub(crate) struct Task {
     /// When the connection last proved alive (connected, a message, a `PING` answered).
     heard: Instant,
     revocations: Arc<Revocations>,
-    /// Revoke channels subscribed on this connection, and when those no lease is held under
-    /// any more are unsubscribed.
+    /// Revoke channels subscribed on this connection, and when to sweep for those no lease
+    /// has been held under for `LINGER`.
     revoke_subscribed: HashSet<Arc<str>>,
-    revoke_lingering: HashMap<Arc<str>, Instant>,
+    revoke_sweep: Option<Instant>,
     /// Revoke channels the server refused on this connection (an ACL): not asked again on it.
     revoke_refused: HashSet<Arc<str>>,
 }
@@ -112,7 +111,7 @@ impl Task {
             heard: Instant::now(),
             revocations,
             revoke_subscribed: HashSet::new(),
-            revoke_lingering: HashMap::new(),
+            revoke_sweep: None,
             revoke_refused: HashSet::new(),
         }
     }
@@ -134,14 +133,8 @@ impl Task {
                     }
                 }
                 Event::Cmd(Some(SubCmd::Hold(channel))) => {
-                    self.revoke_lingering.remove(&channel);
+                    self.revoke_sweep.get_or_insert(Instant::now() + LINGER);
                     self.subscribe_revoke(&channel).await;
-                }
-                Event::Cmd(Some(SubCmd::Unhold(channel))) => {
-                    if self.revoke_subscribed.contains(&channel) {
-                        self.revoke_lingering
-                            .insert(channel, Instant::now() + LINGER);
-                    }
                 }
                 Event::LingerEnded => self.on_linger_ended().await,
                 Event::Message(Some(msg)) => {
@@ -167,7 +160,7 @@ impl Task {
     async fn next(&mut self, rx: &mut mpsc::UnboundedReceiver<SubCmd>) -> Event {
         let reconnect_at = self.reconnect_at;
         let linger_end = (self.lingering.values())
-            .chain(self.revoke_lingering.values())
+            .chain(self.revoke_sweep.iter())
             .min()
             .copied();
         let listening = !self.subscribed.is_empty() || !self.revoke_subscribed.is_empty();
@@ -244,16 +237,17 @@ impl Task {
         }
     }
 
-    /// Unsubscribes revoke channels whose linger ended and that no lease is held under.
+    /// Unsubscribes revoke channels no lease has been held under for [`LINGER`].
     async fn on_revoke_linger_ended(&mut self) {
         let now = Instant::now();
-        let due: Vec<Arc<str>> = (self.revoke_lingering.iter())
-            .filter(|(_, at)| **at <= now)
-            .map(|(c, _)| c.clone())
-            .collect();
+        if self.revoke_sweep.is_none_or(|at| at > now) {
+            return;
+        }
+        let (due, next) = self.revocations.sweep(now, LINGER);
+        self.revoke_sweep = next;
         for channel in due {
-            self.revoke_lingering.remove(&channel);
-            if self.revocations.is_wanted(&channel) || !self.revoke_subscribed.remove(&channel) {
+            self.revoke_refused.remove(&channel);
+            if !self.revoke_subscribed.remove(&channel) {
                 continue;
             }
             let Some((sink, _)) = self.conn.as_mut() else {
@@ -355,7 +349,6 @@ impl Task {
         self.subscribed.clear();
         self.lingering.clear();
         self.revoke_subscribed.clear();
-        self.revoke_lingering.clear();
         self.revoke_refused.clear();
         self.reconnect_at = Some(at);
         // Releases may have been missed: let every waiter retry now.

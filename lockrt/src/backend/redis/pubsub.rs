@@ -27,9 +27,8 @@ pub(crate) struct Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Some(channel) = self.sub.inner.revocations.unhold(&self.prefix) {
-            self.sub.send(SubCmd::Unhold(channel));
-        }
+        // No message: the task sweeps for prefixes nobody holds under (see `revoke.rs`).
+        self.sub.inner.revocations.unhold(&self.prefix);
     }
 }
 
@@ -102,9 +101,12 @@ impl Subscriber {
     /// (subscribing in the background when it is the first). Nothing waits for the
     /// subscription: until it is in place, a revocation is found by the renewal.
     pub(crate) fn hold(&self, key: &LockKey) -> Held {
-        let (prefix, first) = self.inner.revocations.hold(key);
-        if let Some(channel) = first {
+        let (prefix, announce) = self.inner.revocations.hold(key);
+        if let Some(channel) = announce {
             self.send(SubCmd::Hold(channel));
+        } else if !self.task_alive() {
+            // The task ended with its runtime: a new one, told every held prefix, listens.
+            self.send(SubCmd::Hold(key.revoke_channel().into()));
         }
         Held {
             sub: self.clone(),
@@ -137,6 +139,10 @@ impl Subscriber {
         };
         let (new_tx, rx) = mpsc::unbounded_channel();
         let _ = new_tx.send(cmd);
+        // A new task knows nothing: it hears of every prefix a lease is held under.
+        for channel in self.inner.revocations.reannounce() {
+            let _ = new_tx.send(SubCmd::Hold(channel));
+        }
         let task = Task::new(
             self.inner.remote.clone(),
             events,
@@ -145,6 +151,11 @@ impl Subscriber {
         rt.spawn(task.run(rx));
         *tx = Some(new_tx);
         true
+    }
+
+    fn task_alive(&self) -> bool {
+        let tx = self.inner.tx.lock().unwrap_or_else(|p| p.into_inner());
+        tx.as_ref().is_some_and(|t| !t.is_closed())
     }
 
     fn forget_task(&self) {

@@ -13,34 +13,67 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::backend::contract::Holders;
 use crate::key::LockKey;
 
-/// A prefix's revoke channel and how many leases are held under it.
-type HeldUnder = (Arc<str>, usize);
+/// A prefix's revoke channel, how many leases are held under it, and whether the task has
+/// been told to listen on it (`announced`) and since when no lease is held under it.
+struct Prefix {
+    channel: Arc<str>,
+    held: usize,
+    announced: bool,
+    idle_since: Option<Instant>,
+}
 
 /// Who holds locks and who is told of revocations, shared by the handle and the task.
+///
+/// Taking and releasing a lock under an announced prefix only counts, under a mutex: no
+/// message to the task and no wake-up of it (one per acquisition and one per release used to
+/// cost the uncontended path two cross-thread wake-ups). The task finds the prefixes nobody
+/// holds under any more by sweeping ([`Revocations::sweep`]) while it listens to any.
 #[derive(Default)]
 pub(crate) struct Revocations {
-    /// Leases held per prefix, with that prefix's revoke channel.
-    held: Mutex<HashMap<Arc<str>, HeldUnder>>,
+    held: Mutex<HashMap<Arc<str>, Prefix>>,
     holders: Mutex<Vec<Weak<dyn Holders>>>,
 }
 
 impl Revocations {
-    /// The revoke channels some lease is held under.
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Prefix>> {
+        // Only counters and flags change under it: a panic can't leave it torn.
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The revoke channels the task has been told to listen on (held under, or lingering).
     pub(crate) fn wanted(&self) -> Vec<Arc<str>> {
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let held = self.table();
         held.values()
-            .filter(|(_, n)| *n > 0)
-            .map(|(c, _)| c.clone())
+            .filter(|p| p.announced)
+            .map(|p| p.channel.clone())
             .collect()
     }
 
-    pub(crate) fn is_wanted(&self, channel: &str) -> bool {
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.values().any(|(c, n)| *n > 0 && &**c == channel)
+    /// Forgets what the task was told (a new task starts): the channels held under, to
+    /// announce to the new one.
+    pub(crate) fn reannounce(&self) -> Vec<Arc<str>> {
+        let mut held = self.table();
+        held.retain(|_, p| p.held > 0);
+        held.values_mut()
+            .map(|p| {
+                p.announced = true;
+                p.channel.clone()
+            })
+            .collect()
+    }
+
+    /// Tells `holders` of every token revoked on a channel the subscriber listens to.
+    pub(crate) fn attach(&self, holders: Weak<dyn Holders>) {
+        let mut h = self.holders.lock().unwrap_or_else(|p| p.into_inner());
+        h.retain(|w| w.strong_count() > 0);
+        h.push(holders);
     }
 
     fn holders(&self) -> Vec<Arc<dyn Holders>> {
@@ -61,44 +94,99 @@ impl Revocations {
         }
     }
 
-    /// Tells `holders` of every token revoked on a channel the subscriber listens to.
-    pub(crate) fn attach(&self, holders: Weak<dyn Holders>) {
-        let mut h = self.holders.lock().unwrap_or_else(|p| p.into_inner());
-        h.retain(|w| w.strong_count() > 0);
-        h.push(holders);
-    }
-
     /// One more lease held under `key`'s prefix: the prefix as kept here, and its revoke
-    /// channel when this is the only lease under it (the channel to subscribe).
+    /// channel when the task has not been told to listen on it (the channel to announce).
     pub(crate) fn hold(&self, key: &LockKey) -> (Arc<str>, Option<Arc<str>>) {
         let prefix = key.prefix();
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        match held.get_key_value(prefix).map(|(p, _)| p.clone()) {
-            Some(p) => {
-                let (channel, n) = held.get_mut(&*p).expect("found above");
-                *n += 1;
-                let first = (*n == 1).then(|| channel.clone());
-                (p, first)
-            }
-            None => {
-                let p: Arc<str> = prefix.into();
-                let channel: Arc<str> = key.revoke_channel().into();
-                held.insert(p.clone(), (channel.clone(), 1));
-                (p, Some(channel))
+        let mut held = self.table();
+        if let Some(p) = held.get_key_value(prefix).map(|(p, _)| p.clone()) {
+            let entry = held.get_mut(&*p).expect("found above");
+            entry.held += 1;
+            entry.idle_since = None;
+            let announce = (!entry.announced).then(|| entry.channel.clone());
+            entry.announced = true;
+            return (p, announce);
+        }
+        let p: Arc<str> = prefix.into();
+        let channel: Arc<str> = key.revoke_channel().into();
+        let entry = Prefix {
+            channel: channel.clone(),
+            held: 1,
+            announced: true,
+            idle_since: None,
+        };
+        held.insert(p.clone(), entry);
+        (p, Some(channel))
+    }
+
+    /// One lease fewer under `prefix`; the task unsubscribes its channel `linger` after the
+    /// last one went (see [`Revocations::sweep`]).
+    pub(crate) fn unhold(&self, prefix: &str) {
+        let mut held = self.table();
+        if let Some(entry) = held.get_mut(prefix) {
+            entry.held = entry.held.saturating_sub(1);
+            if entry.held == 0 {
+                entry.idle_since = Some(Instant::now());
             }
         }
     }
 
-    /// One lease fewer under `prefix`: its revoke channel when that was the last lease under
-    /// it (the channel to unsubscribe).
-    pub(crate) fn unhold(&self, prefix: &str) -> Option<Arc<str>> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        match held.get_mut(prefix) {
-            Some((channel, n)) => {
-                *n -= 1;
-                (*n == 0).then(|| channel.clone())
+    /// The announced channels nobody has held under for `linger` (no longer announced: a
+    /// later lease announces them again), and when to sweep next (`None`: nothing announced).
+    pub(crate) fn sweep(&self, now: Instant, linger: Duration) -> (Vec<Arc<str>>, Option<Instant>) {
+        let mut held = self.table();
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        held.retain(|_, p| {
+            if !p.announced {
+                return p.held > 0;
             }
-            None => None,
-        }
+            let at = p.idle_since.map_or(now + linger, |since| since + linger);
+            if p.held == 0 && at <= now {
+                due.push(p.channel.clone());
+                return false;
+            }
+            next = Some(next.map_or(at, |n| n.min(at)));
+            true
+        });
+        (due, next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prefix_is_announced_once_and_swept_a_linger_after_its_last_lease() {
+        let r = Revocations::default();
+        let key = LockKey::new("app", "a").unwrap();
+        let other = LockKey::new("app", "b").unwrap();
+        let linger = Duration::from_millis(500);
+        let (prefix, announce) = r.hold(&key);
+        assert_eq!(announce.as_deref(), Some(&*key.revoke_channel()));
+        // Same prefix: counted, no message to the task.
+        assert!(r.hold(&other).1.is_none());
+        r.unhold(&prefix);
+        r.unhold(&prefix);
+        assert_eq!(r.wanted().len(), 1, "lingering channels stay wanted");
+        let (due, next) = r.sweep(Instant::now(), linger);
+        assert!(due.is_empty());
+        assert_eq!(next, Some(Instant::now() + linger));
+        // Held again within the linger: still announced, nothing to send.
+        tokio::time::advance(linger / 2).await;
+        assert!(r.hold(&key).1.is_none());
+        tokio::time::advance(linger).await;
+        let (due, next) = r.sweep(Instant::now(), linger);
+        assert!(due.is_empty(), "a held prefix is never swept");
+        assert!(next.is_some());
+        r.unhold(&prefix);
+        tokio::time::advance(linger).await;
+        let (due, next) = r.sweep(Instant::now(), linger);
+        assert_eq!(due, vec![Arc::from(key.revoke_channel())]);
+        assert!(next.is_none() && r.wanted().is_empty());
+        // After the sweep, the next lease announces the channel again.
+        assert!(r.hold(&key).1.is_some());
+        assert_eq!(r.reannounce().len(), 1);
     }
 }
