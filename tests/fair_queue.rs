@@ -325,6 +325,11 @@ async fn a_local_hand_off_leaves_the_lock_in_redis_and_gives_the_next_fence() {
     until_waiting(&a, 1).await;
     let value: String = conn.get("lock:local").await.unwrap();
     let first = g.fence();
+    let before = a.lock_info("local").await.unwrap().unwrap();
+    let taken = before.holder.as_ref().unwrap();
+    assert_eq!((before.fence, taken.handoff), (Some(first), 0));
+    // `release` returns once the passing holder's check is done, and that check names the
+    // holder it passed the lock to in the owner record.
     g.release().await.unwrap();
     let next = w.await.unwrap().unwrap();
     let still: String = conn.get("lock:local").await.unwrap();
@@ -335,11 +340,14 @@ async fn a_local_hand_off_leaves_the_lock_in_redis_and_gives_the_next_fence() {
         .await
         .unwrap()
         .expect("still held in Redis");
+    let now = info.holder.as_ref().unwrap();
     assert_eq!(
-        info.fence,
-        Some(first),
-        "the lock in Redis is the one first taken"
+        (info.fence, now.handoff),
+        (Some(next.fence()), 1),
+        "inspection names the holder running now"
     );
+    assert_eq!(now.instance_id, taken.instance_id);
+    assert!(now.acquired_at_ms >= taken.acquired_at_ms);
     next.release().await.unwrap();
     assert!(a.lock_info("local").await.unwrap().is_none(), "freed");
 }
@@ -476,4 +484,24 @@ async fn fences_increase_across_local_and_remote_holders() {
     let count: u64 = conn.get("count").await.unwrap();
     assert_eq!(count, 96, "lost updates");
     assert!(local > 0, "no local hand-off happened");
+}
+
+both! {
+    /// After a local hand-off, inspection names the holder running now (its fence and place in
+    /// the run), on Redis and in memory alike.
+    async fn inspection_names_the_local_holder_running_now(fx) {
+        let a = fx.locker().await;
+        let g = a.acquire("named", opts()).await.unwrap();
+        let w = {
+            let a = a.clone();
+            tokio::spawn(async move { a.acquire("named", opts().wait(ms(5_000))).await })
+        };
+        until_waiting(&a, 1).await;
+        g.release().await.unwrap();
+        let next = w.await.unwrap().unwrap();
+        let info = a.lock_info("named").await.unwrap().expect("held");
+        let handoff = info.holder.as_ref().map(|h| h.handoff);
+        assert_eq!((info.fence, handoff), (Some(next.fence()), Some(1)));
+        next.release().await.unwrap();
+    }
 }

@@ -168,6 +168,9 @@ async fn show(locker: &Locker, key: &str) -> Result<ExitCode, String> {
         println!("pid:         {}", h.pid);
         println!("instance id: {:?}", h.instance_id);
         println!("acquired at: {} ms since the epoch", h.acquired_at_ms);
+        if h.handoff > 0 {
+            println!("hand-off:    {} (passed on in its process)", h.handoff);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -77,6 +77,7 @@ pub(crate) async fn confirm(
         lock: info.key.lock(),
         token: &info.token,
         lease: info.ttl,
+        passed_to: Some(info.local + 1),
     };
     // Retried like a release whose outcome is unknown (a reset, a restarted server).
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100), 3);

@@ -327,6 +327,7 @@ async fn renew(
             lock: l.key.lock(),
             token: &l.token,
             lease: l.ttl,
+            passed_to: None,
         })
         .collect();
     let sent = Instant::now();

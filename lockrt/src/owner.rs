@@ -8,6 +8,10 @@
 //! <acquired-at ms since the Unix epoch, server time>|<service>|<host>|<pid>|<instance id>
 //! ```
 //!
+//! and, once the lock was passed on in its holder's process (local hand-off), the check of
+//! that hand-off rewrites it as `<passed-at ms>|<service>|<host>|<pid>|<instance id>|<place>`,
+//! `place` the next holder's place in the run of hand-offs ([`Holder::handoff`]).
+//!
 //! `service` ([`LockerBuilder::service_name`](crate::LockerBuilder::service_name), default
 //! the executable's file name) and `host` (`HOSTNAME`, else `/proc/sys/kernel/hostname`) have
 //! `|` and control characters replaced by `_` and are cut to 64 bytes each; the instance id is
@@ -34,6 +38,12 @@ pub(crate) fn owner_text(service: Option<&str>, instance: uuid::Uuid) -> String 
 /// from the server's clock).
 pub(crate) fn record(acquired_at_ms: u64, owner: &str) -> String {
     format!("{acquired_at_ms}|{owner}")
+}
+
+/// The record of a lock passed on in its holder's process to the holder at `place` in the run
+/// of local hand-offs: `<passed-at ms>|<owner text>|<place>` (renew.lua writes the same).
+pub(crate) fn record_passed(passed_at_ms: u64, owner: &str, place: u32) -> String {
+    format!("{passed_at_ms}|{owner}|{place}")
 }
 
 /// `owner` (an [`owner_text`]) naming instance `id` instead of its own.
@@ -84,20 +94,29 @@ pub struct Holder {
     pub pid: u32,
     /// The holding [`Locker`](crate::Locker)'s instance id (a UUID, as text).
     pub instance_id: String,
-    /// When the holder acquired the lock, in ms since the Unix epoch (the server's clock).
+    /// When the holder acquired the lock, in ms since the Unix epoch (the server's clock), or
+    /// when it was passed to it in its process.
     pub acquired_at_ms: u64,
+    /// The holder's place in a run of local hand-offs
+    /// ([`LockerBuilder::local_handoff`](crate::LockerBuilder::local_handoff)): 0 for the task
+    /// that took the lock from Redis, `n` for the `n`-th task of the same `Locker` it was passed
+    /// to in a row. Set once the passing holder's check of the hand-off is done (a round trip).
+    pub handoff: u32,
 }
 
 impl Holder {
-    /// Parses an owner record (`<acquired-at>|<service>|<host>|<pid>|<instance id>`).
+    /// Parses an owner record (`<acquired-at>|<service>|<host>|<pid>|<instance id>`, then
+    /// `|<hand-off place>` for a lock passed on in its holder's process).
     pub(crate) fn parse(record: &str) -> Option<Holder> {
-        let mut parts = record.splitn(5, '|');
+        let mut parts = record.splitn(6, '|');
         let acquired_at_ms = parts.next()?.parse().ok()?;
         let service = parts.next()?.to_owned();
         let host = parts.next()?.to_owned();
         let pid = parts.next()?.parse().unwrap_or(0);
         let instance_id = parts.next().unwrap_or_default().to_owned();
+        let handoff = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
         Some(Holder {
+            handoff,
             service,
             host,
             pid,
@@ -130,5 +149,12 @@ mod tests {
         assert_eq!(h.pid, std::process::id());
         assert_eq!(h.instance_id, id.to_string());
         assert_eq!(h.acquired_at_ms, 1_700_000_000_000);
+        assert_eq!(h.handoff, 0);
+        let passed = Holder::parse(&record_passed(1_700_000_000_005, &text, 3)).unwrap();
+        assert_eq!(
+            (passed.handoff, passed.acquired_at_ms),
+            (3, 1_700_000_000_005)
+        );
+        assert_eq!(passed.instance_id, id.to_string());
     }
 }

@@ -110,6 +110,9 @@ pub(crate) struct Renewal<'a> {
     pub(crate) lock: &'a str,
     pub(crate) token: &'a Token,
     pub(crate) lease: Duration,
+    /// A local hand-off's check: the lease was passed on in the process to the holder with
+    /// this place in the run (see `owner::Holder::handoff`), which the owner record then names.
+    pub(crate) passed_to: Option<u32>,
 }
 
 /// A lock handed over by a release, as announced on the channel.

@@ -119,6 +119,9 @@ impl MemoryBackend {
             .map(|r| match st.locks.get_mut(r.lock) {
                 Some(h) if h.expires > now && h.token == *r.token => {
                     h.expires = now + r.lease;
+                    if let Some(place) = r.passed_to {
+                        h.owner = owner::record_passed(wall_ms(), &self.owner, place).into();
+                    }
                     true
                 }
                 _ => false,
@@ -307,6 +310,7 @@ mod tests {
             lock: key.lock(),
             token: t,
             lease: ttl,
+            passed_to: None,
         };
         assert_eq!(m.renew(&[renewal(&b), renewal(&a)]), vec![false, true]);
         tokio::time::advance(ttl).await;

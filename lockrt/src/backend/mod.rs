@@ -85,6 +85,7 @@ impl Backend {
                         lock: key.lock(),
                         token,
                         lease: keep,
+                        passed_to: None,
                     };
                     if b.renew(&[renewal]).first() == Some(&true) {
                         Released::Freed
@@ -139,7 +140,10 @@ impl Backend {
         .map(|state| {
             state.map(|s| LockState {
                 // As a holder that took the lock from the backend reports it.
-                fence: s.fence.map(|counter| holder_fence(counter, 0)),
+                // The holder running now: the lease may have been passed on in its process.
+                fence: s.fence.map(|counter| {
+                    holder_fence(counter, s.holder.as_ref().map_or(0, |h| h.handoff))
+                }),
                 ..s
             })
         })

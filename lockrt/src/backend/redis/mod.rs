@@ -288,6 +288,15 @@ impl RedisBackend {
                 for r in batch {
                     c.arg(millis(r.lease));
                 }
+                if let [
+                    Renewal {
+                        passed_to: Some(place),
+                        ..
+                    },
+                ] = batch
+                {
+                    c.arg(place);
+                }
             },
         };
         let reply = match on {
