@@ -72,24 +72,42 @@ pub(crate) async fn confirm(
     monitor: &Monitor,
     check: ChainCheck,
 ) -> Result<Released, BackendError> {
-    release_if_unclaimed(locker, entry, info.counter, info.local + 1);
+    let mut unclaimed = Unclaimed {
+        locker,
+        entry,
+        counter: info.counter,
+        local: info.local + 1,
+        by: Instant::now() + CLAIM_WITHIN,
+    };
     let renewal = Renewal {
         lock: info.key.lock(),
         token: &info.token,
         lease: info.ttl,
         passed_to: Some(info.local + 1),
     };
-    // Retried like a release whose outcome is unknown (a reset, a restarted server).
-    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100), 3);
-    let res = loop {
-        // Hedged like the monitor's renewals: after half of what is left of the lease.
-        let hedge_at = hedge_time(Instant::now(), std::iter::once(info.deadline()));
-        let res = locker.backend().renew_hedged(&[renewal], hedge_at).await;
-        match res.into_iter().next() {
-            Some(Err(e)) if backoff.retry(&e).await => {}
-            res => break res,
+    let check_owner = async {
+        // Retried like a release whose outcome is unknown (a reset, a restarted server).
+        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100), 3);
+        loop {
+            // Hedged like the monitor's renewals: after half of what is left of the lease.
+            let hedge_at = hedge_time(Instant::now(), std::iter::once(info.deadline()));
+            let res = locker.backend().renew_hedged(&[renewal], hedge_at).await;
+            match res.into_iter().next() {
+                Some(Err(e)) if backoff.retry(&e).await => {}
+                res => break res,
+            }
         }
     };
+    tokio::pin!(check_owner);
+    let res = tokio::select! {
+        biased;
+        res = &mut check_owner => res,
+        () = tokio::time::sleep_until(unclaimed.by) => {
+            unclaimed.release_now();
+            check_owner.await
+        }
+    };
+    drop(unclaimed);
     drop(check);
     match res {
         Some(Ok(true)) | None => Ok(Released::HandedOver),
@@ -102,22 +120,51 @@ pub(crate) async fn confirm(
     }
 }
 
-/// Releases the baton of hand-off `local` if it is still there after [`CLAIM_WITHIN`], on the
-/// releasing holder's runtime.
-fn release_if_unclaimed(locker: &Locker, entry: &EntryHandle, counter: u64, local: u32) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let (l, e) = (locker.clone(), entry.clone());
-    locker.inner.cleanups.spawn_on(
-        async move {
-            tokio::time::sleep(CLAIM_WITHIN).await;
-            if let Some(baton) = e.take_baton_if(counter, local) {
-                discard(&l, baton);
-            }
-        },
-        &rt,
-    );
+/// The baton of hand-off `local`, to be released in the backend if nobody takes it by `by`
+/// (see [`CLAIM_WITHIN`]). The passing holder checks while it waits for its owner check; it
+/// leaves a timer behind only when the baton is still there after that, or when it is
+/// dropped (the release cancelled) first.
+struct Unclaimed<'a> {
+    locker: &'a Locker,
+    entry: &'a EntryHandle,
+    counter: u64,
+    local: u32,
+    by: Instant,
+}
+
+impl Unclaimed<'_> {
+    fn release_now(&mut self) {
+        if let Some(baton) = self.entry.take_baton_if(self.counter, self.local) {
+            discard(self.locker, baton);
+        }
+    }
+}
+
+impl Drop for Unclaimed<'_> {
+    fn drop(&mut self) {
+        if !self.entry.has_baton(self.counter, self.local) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (l, e, counter, local, by) = (
+            self.locker.clone(),
+            self.entry.clone(),
+            self.counter,
+            self.local,
+            self.by,
+        );
+        self.locker.inner.cleanups.spawn_on(
+            async move {
+                tokio::time::sleep_until(by).await;
+                if let Some(baton) = e.take_baton_if(counter, local) {
+                    discard(&l, baton);
+                }
+            },
+            &rt,
+        );
+    }
 }
 
 /// Releases a baton nobody took: when the key's turn is free, no caller is about to take it.

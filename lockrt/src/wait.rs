@@ -232,6 +232,14 @@ impl EntryHandle {
         None
     }
 
+    /// Whether the baton of hand-off `local` of the lock taken at `counter` is still there.
+    pub(crate) fn has_baton(&self, counter: u64, local: u32) -> bool {
+        let baton = self.entry().baton.lock().unwrap_or_else(|p| p.into_inner());
+        baton
+            .as_ref()
+            .is_some_and(|b| b.counter == counter && b.local == local)
+    }
+
     /// The lease a holder passed on, if one waits (only for the caller with the turn).
     pub(crate) fn take_baton(&self) -> Option<Baton> {
         self.entry()
