@@ -72,6 +72,7 @@ fn run_seeds(seeds: &[u64], workers: usize, secs: Duration) {
     let started = Instant::now();
     let mut failures = Vec::new();
     let mut totals = (0usize, 0usize, 0usize, 0usize);
+    let mut local = 0usize;
     for &seed in seeds {
         let r = run_seed(seed, workers, secs, &lock_server, &oracle_server);
         println!(
@@ -86,6 +87,12 @@ fn run_seeds(seeds: &[u64], workers: usize, secs: Duration) {
         totals.1 += r.report.completed;
         totals.2 += r.report.excused_overlaps;
         totals.3 += r.stalls.len();
+        // Fences not a multiple of 32: sections of a lock passed on in its process.
+        local += r
+            .sections
+            .iter()
+            .filter(|s| !s.fence.is_multiple_of(32))
+            .count();
         let v = r.report.violations();
         if !v.is_empty() {
             failures.push(format!(
@@ -96,18 +103,23 @@ fn run_seeds(seeds: &[u64], workers: usize, secs: Duration) {
         }
     }
     println!(
-        "chaos: {} seeds x {workers} workers x {:?} in {:.1} s: {} sections ({} completed), \
-         {} stalls, {} excused overlaps, {} failing seeds",
+        "chaos: {} seeds x {workers} workers x {:?} in {:.1} s: {} sections ({} completed, {} \
+         passed on locally), {} stalls, {} excused overlaps, {} failing seeds",
         seeds.len(),
         secs,
         started.elapsed().as_secs_f64(),
         totals.0,
         totals.1,
+        local,
         totals.3,
         totals.2,
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert!(
+        local > 0,
+        "no section ran on a lock passed on in its process"
+    );
 }
 
 fn run_seed(
@@ -260,51 +272,80 @@ fn worker() {
         .enable_all()
         .build()
         .unwrap();
-    let mut rng = Rng::new(get("seed").parse().unwrap());
+    let seed: u64 = get("seed").parse().unwrap();
     let run_for = ms(get("ms").parse().unwrap());
     let key = get("key").clone();
     let log = Log::create(get("log").as_ref());
-    let mut oracle = Oracle::connect(get("oracle"), get("ns"));
+    let (url, oracle_url, ns) = (get("url").clone(), get("oracle").clone(), get("ns").clone());
     let tally = rt.block_on(async {
-        let locker = connect(get("url"), &mut rng).await;
-        let mut tally = Tally::default();
+        let locker = connect(&url, &mut Rng::new(seed)).await;
         let end = tokio::time::Instant::now() + run_for;
-        while tokio::time::Instant::now() < end {
-            let ttl = rng.ms(200, 1_000);
-            let wait = if rng.chance(20) {
-                Duration::ZERO
-            } else {
-                rng.ms(0, 1_500)
-            };
-            // Mostly short bodies (many hand-overs); some outlive a renewal or two.
-            let work = if rng.chance(20) {
-                rng.ms(0, ttl.as_millis() as u64 * 3 / 2)
-            } else {
-                rng.ms(0, 40)
-            };
-            let opts = LockOptions::new().ttl(ttl).wait(wait);
-            let cancel = rng.chance(25).then(|| rng.ms(0, 1_200));
-            let style = rng.range(0, 2);
-            let op = one_op(&locker, &key, opts, style, work, &mut oracle, &log);
-            // Every call is bounded: a hang is a failure of its own.
-            let bound = cancel.unwrap_or(wait + ttl * 4 + work + Duration::from_secs(5));
-            match tokio::time::timeout(bound, op).await {
-                Ok(Ok(o)) => tally.count(o),
-                Ok(Err(e)) if e.is_timeout() => tally.timeout += 1,
-                Ok(Err(e)) if e.is_lost() => tally.lost += 1,
-                Ok(Err(e)) if e.is_backend() => tally.backend += 1,
-                Ok(Err(e)) => panic!("unexpected error: {e:?}"),
-                Err(_) if cancel.is_some() => tally.cancelled += 1,
-                Err(_) => {
-                    panic!("a call did not finish within {bound:?} (ttl {ttl:?}, wait {wait:?})")
-                }
-            }
-            tokio::time::sleep(rng.ms(0, 20)).await;
+        // Several callers per process, so that locks are also passed on in the process.
+        let callers: Vec<_> = (0..CALLERS)
+            .map(|c| {
+                let (locker, key, log) = (locker.clone(), key.clone(), log.clone());
+                let oracle = Oracle::connect(&oracle_url, &ns);
+                let rng = Rng::new(seed.wrapping_mul(31).wrapping_add(c));
+                tokio::spawn(caller(locker, key, oracle, log, rng, end))
+            })
+            .collect();
+        let mut tally = Tally::default();
+        for c in callers {
+            tally.add(&c.await.unwrap());
         }
         tally
     });
     drop(rt);
     println!("WORKER {} {tally:?}", std::process::id());
+}
+
+/// Callers of the lock in each worker process.
+const CALLERS: u64 = 3;
+
+/// One caller's loop in a worker: random options, bodies, cancellations, until `end`.
+async fn caller(
+    locker: Locker,
+    key: String,
+    mut oracle: Oracle,
+    log: Log,
+    mut rng: Rng,
+    end: tokio::time::Instant,
+) -> Tally {
+    let mut tally = Tally::default();
+    while tokio::time::Instant::now() < end {
+        // A few ttls only: a lock is passed on in the process only to a caller with the same.
+        let ttl = ms([200, 500, 1_000][rng.range(0, 2) as usize]);
+        let wait = if rng.chance(20) {
+            Duration::ZERO
+        } else {
+            rng.ms(0, 1_500)
+        };
+        // Mostly short bodies (many hand-overs); some outlive a renewal or two.
+        let work = if rng.chance(20) {
+            rng.ms(0, ttl.as_millis() as u64 * 3 / 2)
+        } else {
+            rng.ms(0, 40)
+        };
+        let opts = LockOptions::new().ttl(ttl).wait(wait);
+        let cancel = rng.chance(25).then(|| rng.ms(0, 1_200));
+        let style = rng.range(0, 2);
+        let op = one_op(&locker, &key, opts, style, work, &mut oracle, &log);
+        // Every call is bounded: a hang is a failure of its own.
+        let bound = cancel.unwrap_or(wait + ttl * 4 + work + Duration::from_secs(5));
+        match tokio::time::timeout(bound, op).await {
+            Ok(Ok(o)) => tally.count(o),
+            Ok(Err(e)) if e.is_timeout() => tally.timeout += 1,
+            Ok(Err(e)) if e.is_lost() => tally.lost += 1,
+            Ok(Err(e)) if e.is_backend() => tally.backend += 1,
+            Ok(Err(e)) => panic!("unexpected error: {e:?}"),
+            Err(_) if cancel.is_some() => tally.cancelled += 1,
+            Err(_) => {
+                panic!("a call did not finish within {bound:?} (ttl {ttl:?}, wait {wait:?})")
+            }
+        }
+        tokio::time::sleep(rng.ms(0, 20)).await;
+    }
+    tally
 }
 
 /// Connects through the proxy, which may be misbehaving right now (bounded retries).
@@ -339,6 +380,17 @@ struct Tally {
 }
 
 impl Tally {
+    fn add(&mut self, o: &Tally) {
+        self.completed += o.completed;
+        self.stale += o.stale;
+        self.lost_in_body += o.lost_in_body;
+        self.busy += o.busy;
+        self.timeout += o.timeout;
+        self.lost += o.lost;
+        self.backend += o.backend;
+        self.cancelled += o.cancelled;
+    }
+
     fn count(&mut self, o: Option<history::Outcome>) {
         match o {
             Some(history::Outcome::Completed) => self.completed += 1,

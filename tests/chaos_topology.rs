@@ -329,7 +329,9 @@ async fn task_loop(
 ) {
     let mut oracle = Oracle::connect(&w.oracle, &w.ns);
     while !stop.load(Ordering::SeqCst) {
-        let ttl = rng.ms(w.ttl.0, w.ttl.1);
+        // Three ttls of the range: a lock is passed on in the process only to a caller with
+        // the same one.
+        let ttl = ms([w.ttl.0, (w.ttl.0 + w.ttl.1) / 2, w.ttl.1][rng.range(0, 2) as usize]);
         let wait = rng.ms(w.wait.0, w.wait.1);
         let style = rng.range(0, 2);
         let fixed = w.fixed && style == 2 && rng.chance(33);
@@ -858,8 +860,12 @@ impl Outcome {
 
     fn summary(&self) -> String {
         format!(
-            "{}; repeated fences {}, longest overlap {:.1} ms",
+            "{}; {} passed on locally; repeated fences {}, longest overlap {:.1} ms",
             self.report.summary(),
+            // Fences not a multiple of 32: sections of a lock passed on in its process.
+            (self.sections.iter())
+                .filter(|s| !s.fence.is_multiple_of(32))
+                .count(),
             self.repeated_fences(),
             self.max_overlap_ms()
         )

@@ -440,6 +440,54 @@ async fn a_forced_unlock_revokes_a_local_successor() {
     assert!(start.elapsed() < ms(1_000), "took {:?}", start.elapsed());
 }
 
+/// The lock is lost silently while its holder runs (deleted behind its back, as a restarted
+/// server without its data would) and another process takes it: the waiter of the holder's
+/// locker is passed the lease but does not start on it. It waits for the check of that
+/// hand-off, which finds the lock gone, and asks Redis instead: it holds the lock only after the
+/// other process, with a fence taken from Redis above that one's. The holder's release reports
+/// the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_successor_never_starts_on_a_lock_lost_before_the_hand_off() {
+    let fx = Fx::redis();
+    let (a, b) = (fx.locker().await, fx.locker().await);
+    let mut conn = fx.conn().await;
+    let g = a.acquire("gone", opts().ttl(ms(10_000))).await.unwrap();
+    let mut w = {
+        let a = a.clone();
+        // The same ttl as the holder's: only such a caller is passed the lease.
+        let same = opts().ttl(ms(10_000)).wait(ms(10_000));
+        tokio::spawn(async move { a.acquire("gone", same).await })
+    };
+    until_waiting(&a, 1).await;
+    let () = conn.del("lock:gone").await.unwrap();
+    let other = b.acquire("gone", opts().ttl(ms(10_000))).await.unwrap();
+    let err = g
+        .release()
+        .await
+        .expect_err("the release finds the lock lost");
+    assert!(err.is_lost(), "{err:?}");
+    // The waiter must not hold the lock while the other process does.
+    let early = tokio::time::timeout(ms(300), &mut w).await;
+    assert!(
+        early.is_err(),
+        "the waiter started on a lost lock: {early:?}"
+    );
+    let other_fence = other.fence();
+    other.release().await.unwrap();
+    let next = w.await.unwrap().unwrap();
+    assert!(
+        next.fence() > other_fence,
+        "{} <= {other_fence}",
+        next.fence()
+    );
+    assert_eq!(
+        support::holder_fence_of_value(&conn.get::<_, String>("lock:gone").await.unwrap()),
+        next.fence(),
+        "taken from Redis, not passed on"
+    );
+    next.release().await.unwrap();
+}
+
 /// Holders of two lockers, 4 tasks each, local hand-offs on: in the order they held the lock,
 /// no two sections overlap, fences strictly increase, and no update is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

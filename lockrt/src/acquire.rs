@@ -213,26 +213,40 @@ impl<'a> Acquisition<'a> {
         })
     }
 
+    /// The lease of a passed-on baton as this caller's, once the check of that hand-off found
+    /// the lock still the lease's and if it suits this caller; `None`: the lock goes back.
+    async fn vouched(&self, claimed: &mut crate::handoff::Claimed<'_>) -> Option<Taken> {
+        let baton = claimed.1.as_ref()?;
+        let safety = self.locker.settings().safety_margin;
+        if !self.terms.watchdog || baton.ttl != self.ttl || !baton.fresh(safety) {
+            return None;
+        }
+        // The check renewed the lease: it runs from when the check was sent.
+        let sent = baton.chain.vouch(baton.local).await?;
+        let lease = baton.ttl;
+        crate::lease::fresh(sent, lease, safety).then_some(Taken {
+            fence: baton.counter,
+            sent,
+            lease,
+            local: baton.local,
+        })
+    }
+
     async fn run(self) -> Result<LockGuard, LockError> {
         let entry = self.locker.inner.notifier.entry(&self.key.tag);
         let turn = self.take_turn(&entry).await?;
         // In the same poll that gave this caller the turn: a lease its predecessor passed on.
         if let Some(baton) = entry.take_baton() {
-            let usable = self.terms.watchdog && baton.ttl == self.ttl;
-            if usable && baton.fresh(self.locker.settings().safety_margin) {
+            let mut claimed = crate::handoff::Claimed(self.locker, Some(baton));
+            if let Some(taken) = self.vouched(&mut claimed).await {
+                let baton = claimed.1.take().expect("kept until here");
                 crate::metrics::local_handoff();
-                let taken = Taken {
-                    fence: baton.counter,
-                    sent: baton.sent,
-                    lease: baton.lease,
-                    local: baton.local,
-                };
                 let chain = Some(baton.chain.clone());
                 return Ok(self.make_guard(entry, turn, taken, baton.token, chain));
             }
-            // Too little lease left, a fixed lease (which must run its own ttl) or another ttl:
-            // the lock goes back to Redis, and this caller asks for it there like any other.
-            crate::handoff::discard(self.locker, baton);
+            // A fixed lease (which must run its own ttl), another ttl, too little lease left,
+            // or the lock not found still ours: the lock goes back to Redis (dropping `claimed`
+            // releases it there), and this caller asks for it there like any other.
         }
         let mut pending = Pending {
             locker: self.locker,

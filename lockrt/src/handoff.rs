@@ -60,11 +60,12 @@ pub(crate) fn pass_on(
 /// polled (its runtime blocked or gone) leaves it this long.
 const CLAIM_WITHIN: Duration = Duration::from_millis(50);
 
-/// What a holder that passed its lease on still does, while the next holder already runs:
-/// makes sure a lease nobody takes is released soon (see [`CLAIM_WITHIN`]), and checks with
-/// the server that the lock was still its own (an owner-checked renewal): a lock lost before
-/// the hand-off (expired unseen, deleted, a server restart) is a loss of this holder, reported
-/// as a release would report it (`NotOwner`), and of every holder it was passed to.
+/// What a holder that passed its lease on still does: makes sure a lease nobody takes is
+/// released soon (see [`CLAIM_WITHIN`]), and checks with the server that the lock was still
+/// its own (an owner-checked renewal), which the next holder waits for before it starts (see
+/// `Chain::vouch`): a lock lost before the hand-off (expired unseen, deleted, a server
+/// restart) is a loss of this holder, reported as a release would report it (`NotOwner`),
+/// and the next holder asks the backend for the lock instead.
 pub(crate) async fn confirm(
     locker: &Locker,
     info: &LeaseInfo,
@@ -90,16 +91,17 @@ pub(crate) async fn confirm(
         let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100), 3);
         loop {
             // Hedged like the monitor's renewals: after half of what is left of the lease.
-            let hedge_at = hedge_time(Instant::now(), std::iter::once(info.deadline()));
+            let sent = Instant::now();
+            let hedge_at = hedge_time(sent, std::iter::once(info.deadline()));
             let res = locker.backend().renew_hedged(&[renewal], hedge_at).await;
             match res.into_iter().next() {
                 Some(Err(e)) if backoff.retry(&e).await => {}
-                res => break res,
+                res => break (res, sent),
             }
         }
     };
     tokio::pin!(check_owner);
-    let res = tokio::select! {
+    let (res, sent) = tokio::select! {
         biased;
         res = &mut check_owner => res,
         () = tokio::time::sleep_until(unclaimed.by) => {
@@ -107,6 +109,9 @@ pub(crate) async fn confirm(
             check_owner.await
         }
     };
+    // Before the check counts as done: the next holder starts only on this finding.
+    let ours = matches!(res, Some(Ok(true)));
+    info.chain.found(info.local + 1, sent, ours);
     drop(unclaimed);
     drop(check);
     match res {
@@ -194,6 +199,18 @@ pub(crate) fn discard(locker: &Locker, baton: Baton) {
         },
         &rt,
     );
+}
+
+/// A passed-on lease this caller took; dropped while still here (not usable, or the caller
+/// cancelled while it waited for the check of the hand-off), it is released in the backend.
+pub(crate) struct Claimed<'a>(pub(crate) &'a Locker, pub(crate) Option<Baton>);
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        if let Some(baton) = self.1.take() {
+            discard(self.0, baton);
+        }
+    }
 }
 
 /// One caller of the locker waiting for a key's turn, counted in the key's entry so that a

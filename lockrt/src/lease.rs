@@ -65,11 +65,23 @@ pub(crate) struct LeaseInfo {
 /// The checks still under way of holders that passed one lease on in the process (see
 /// `handoff::confirm`): the lock is released in the backend only once they are done, so a
 /// check never finds the lock released by a later holder of the same lease and reports a loss
-/// that was none.
+/// that was none. And what they found: a holder the lease was passed to starts only once the
+/// check of its hand-off found the lock still this lease's ([`Chain::vouch`]).
 #[derive(Debug, Default)]
 pub(crate) struct Chain {
     pending: AtomicUsize,
     idle: Notify,
+    verdict: Mutex<Verdict>,
+}
+
+/// The checks' findings so far.
+#[derive(Debug, Default)]
+struct Verdict {
+    /// The latest hand-off found still ours, and when its check was sent (the lease runs
+    /// from then).
+    confirmed: Option<(u32, Instant)>,
+    /// A check found the lock gone or could not tell: no holder after it may start.
+    failed: bool,
 }
 
 /// Longest wait for a chain's checks before a release goes ahead anyway (a check is bounded
@@ -81,6 +93,29 @@ impl Chain {
     pub(crate) fn checking(self: &Arc<Self>) -> ChainCheck {
         self.pending.fetch_add(1, Ordering::AcqRel);
         ChainCheck(self.clone())
+    }
+
+    /// The check of the hand-off to local holder `local`, sent at `sent`, found the lock
+    /// still this lease's (`true`), or gone or not known (`false`).
+    pub(crate) fn found(&self, local: u32, sent: Instant, ours: bool) {
+        let mut v = self.verdict.lock().unwrap_or_else(|p| p.into_inner());
+        if !ours {
+            v.failed = true;
+        } else if v.confirmed.is_none_or(|(l, _)| l < local) {
+            v.confirmed = Some((local, sent));
+        }
+    }
+
+    /// Waits (bounded) for the check of the hand-off to local holder `local`: when the lock
+    /// was then found still this lease's, the time that check was sent; `None` when it was
+    /// found gone, could not be told, or the check did not end in time.
+    pub(crate) async fn vouch(&self, local: u32) -> Option<Instant> {
+        self.idle().await;
+        let v = self.verdict.lock().unwrap_or_else(|p| p.into_inner());
+        match v.confirmed {
+            Some((l, sent)) if !v.failed && l >= local => Some(sent),
+            _ => None,
+        }
     }
 
     /// Waits (bounded) until no check is under way.
