@@ -203,8 +203,7 @@ impl Release {
                 // runs at once), while this holder checks that it was still its own.
                 self.finish();
                 crate::handoff::reclaim(&self.locker, &entry);
-                // The next holder was just woken: let it start before this one's check.
-                tokio::task::yield_now().await;
+                // The next holder waits for this check: it goes out before anything else.
                 let (locker, monitor) = (&self.locker, &self.monitor);
                 crate::handoff::confirm(locker, &self.info, &entry, monitor, check).await
             }
