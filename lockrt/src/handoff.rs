@@ -50,7 +50,7 @@ pub(crate) fn pass_on(
         return None;
     }
     // Counted before anyone can take the lease: no later holder releases it before the check.
-    let check = info.chain.checking();
+    let check = info.chain().checking();
     entry.put_baton(baton);
     Some(check)
 }
@@ -111,7 +111,7 @@ pub(crate) async fn confirm(
     };
     // Before the check counts as done: the next holder starts only on this finding.
     let ours = matches!(res, Some(Ok(true)));
-    info.chain.found(info.local + 1, sent, ours);
+    info.chain().found(info.local + 1, sent, ours);
     drop(unclaimed);
     drop(check);
     match res {

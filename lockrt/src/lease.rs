@@ -8,7 +8,7 @@
 //! (a blocked thread).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit};
@@ -58,8 +58,9 @@ pub(crate) struct LeaseInfo {
     /// Send time and lease of the latest acquire or renewal that succeeded: what a local
     /// successor's lease runs from.
     renewed: Mutex<(Instant, Duration)>,
-    /// Shared by the holders the lock was passed between in the process.
-    pub(crate) chain: Arc<Chain>,
+    /// Shared by the holders the lock was passed between in the process; made when the lease
+    /// is first passed on (most never are: no allocation for them).
+    chain: OnceLock<Arc<Chain>>,
 }
 
 /// The checks still under way of holders that passed one lease on in the process (see
@@ -225,8 +226,13 @@ impl LeaseInfo {
             counter: n.counter,
             local: n.local,
             renewed: Mutex::new((n.sent, n.lease)),
-            chain: n.chain.unwrap_or_default(),
+            chain: n.chain.map_or_else(OnceLock::new, OnceLock::from),
         }
+    }
+
+    /// The chain of holders this lease is passed between (made on first use).
+    pub(crate) fn chain(&self) -> &Arc<Chain> {
+        self.chain.get_or_init(Arc::default)
     }
 
     /// This holder's fencing token (see [`holder_fence`]).
@@ -245,7 +251,7 @@ impl LeaseInfo {
             sent,
             lease,
             ttl: self.ttl,
-            chain: self.chain.clone(),
+            chain: self.chain().clone(),
         }
     }
 
@@ -336,7 +342,9 @@ pub(crate) async fn end_lease(
     if info.released.load(Ordering::Acquire) {
         return Ok(Released::Freed);
     }
-    info.chain.idle().await;
+    if let Some(chain) = info.chain.get() {
+        chain.idle().await;
+    }
     let mut backoff = Backoff::new(
         Duration::from_millis(10),
         Duration::from_millis(100),

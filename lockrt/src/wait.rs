@@ -47,7 +47,8 @@ pub(crate) struct Entry {
     /// Callers of this locker waiting for the turn (not the one that has it).
     queued: AtomicUsize,
     /// A lease a holder of this locker passed to the next caller that gets the turn.
-    baton: Mutex<Option<Baton>>,
+    /// Boxed: an entry per held key stays small (most are never passed on).
+    baton: Mutex<Option<Box<Baton>>>,
 }
 
 /// Grants kept per key at most: only this locker's head waiter claims one, the rest are
@@ -217,7 +218,7 @@ impl EntryHandle {
 
     /// Leaves `baton` for whoever gets the turn next.
     pub(crate) fn put_baton(&self, baton: Baton) {
-        *self.entry().baton.lock().unwrap_or_else(|p| p.into_inner()) = Some(baton);
+        *self.entry().baton.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(baton));
     }
 
     /// The baton of hand-off `local` of the lock taken at `counter`, if it is still there.
@@ -227,7 +228,7 @@ impl EntryHandle {
             .as_ref()
             .is_some_and(|b| b.counter == counter && b.local == local)
         {
-            return baton.take();
+            return baton.take().map(|b| *b);
         }
         None
     }
@@ -247,6 +248,7 @@ impl EntryHandle {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
+            .map(|b| *b)
     }
 
     /// Records that `owner` holds the lock through `lease`.
