@@ -57,9 +57,11 @@ fn from_env_builds_a_working_locker() {
             ("LOCKRT_RESPONSE_TIMEOUT", "1s 500ms"),
             ("LOCKRT_SAFETY_MARGIN", "300ms"),
             ("LOCKRT_MAX_HOLD", "1m"),
+            ("LOCKRT_SERVICE_NAME", "billing"),
         ],
     );
     assert!(ok, "the child failed");
+    assert!(out.contains("child: service \"billing\""), "{out}");
     assert!(out.contains("child: held cfgenv:job"), "{out}");
 
     // REDIS_URL alone is enough.
@@ -91,6 +93,17 @@ async fn child_from_env() {
         .unwrap();
     let guard = locker.acquire("job", LockOptions::new()).await.unwrap();
     let key = locker.redis_key("job").unwrap();
+    let holder = locker
+        .lock_info("job")
+        .await
+        .unwrap()
+        .unwrap()
+        .holder
+        .unwrap();
+    if let Ok(name) = std::env::var("LOCKRT_SERVICE_NAME") {
+        assert_eq!(holder.service, name, "LOCKRT_SERVICE_NAME names the holder");
+        println!("child: service {name:?}");
+    }
     // The default ttl of 5 s, in Redis.
     let pttl: i64 = conn.pttl(&key).await.unwrap();
     assert!(pttl > 3_000 && pttl <= 5_000, "pttl {pttl}");
@@ -179,7 +192,12 @@ async fn child_no_url() {
     }
     let builder = LockerBuilder::from_env().unwrap();
     let err = builder.build().await.unwrap_err();
-    assert!(err.to_string().contains("no Redis URL"), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("no Redis URL"), "{text}");
+    assert!(
+        text.contains("LOCKRT_URL") && text.contains("REDIS_URL"),
+        "the error names the variables from_env read: {text}"
+    );
 }
 
 #[tokio::test]

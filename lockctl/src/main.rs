@@ -7,10 +7,13 @@
 //! lockctl --url ... watch [PATTERN] [--interval 1s] [--count N]
 //! ```
 //!
-//! One line per lock: key, holder (`service@host pid`), remaining lease, fence, waiters. The
-//! URL may also come from `LOCKCTL_URL` or `REDIS_URL`; lockctl never prints it, and the
-//! library's errors name the server without any credential. `list` and `watch` scan keys; on
-//! a Redis Cluster they scan every master.
+//! One line per lock: key, holder (`service@host pid`), remaining lease, fence, waiters, and
+//! how long it has been held; `--json` prints the same as JSON for scripts. lockctl reads
+//! what the service reads ([`lockrt::LockerBuilder::from_env`]): `LOCKRT_URL`, `REDIS_URL`,
+//! `LOCKRT_PREFIX`, the Sentinel master credentials and the timeouts; `--url` (or
+//! `LOCKCTL_URL`) and `--prefix` take precedence. It never prints the URL, and the library's
+//! errors name the server without any credential. `list` and `watch` scan keys; on a Redis
+//! Cluster they scan every master.
 //!
 //! Keys and owner record fields are text anyone with write access to Redis chooses: they are
 //! printed as lockrt's logs print keys, quoted and escaped (Rust's `Debug` form), so a key
@@ -18,10 +21,10 @@
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
-use lockrt::{LockInfo, Locker};
+use lockrt::{LockInfo, Locker, LockerBuilder, LockerConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -31,12 +34,15 @@ use lockrt::{LockInfo, Locker};
 )]
 struct Cli {
     /// Redis URL (redis://, rediss://, redis+cluster://, redis+sentinel://); default
-    /// `LOCKCTL_URL`, then `REDIS_URL`.
+    /// `LOCKCTL_URL`, then the service's `LOCKRT_URL`, then `REDIS_URL`.
     #[arg(long)]
     url: Option<String>,
-    /// The lockers' key prefix.
-    #[arg(long, default_value = "lock:")]
-    prefix: String,
+    /// The lockers' key prefix; default the service's `LOCKRT_PREFIX`, then `lock:`.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Print JSON (one array for `list`, one object for `show`) instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -114,8 +120,8 @@ fn usage_error(e: clap::Error) -> ExitCode {
 async fn run(cli: Cli) -> Result<ExitCode, String> {
     let locker = connect(cli.url, cli.prefix).await?;
     match cli.command {
-        Command::List { pattern } => list(&locker, &pattern).await,
-        Command::Show { key } => show(&locker, &key).await,
+        Command::List { pattern } => list(&locker, &pattern, cli.json).await,
+        Command::Show { key } => show(&locker, &key, cli.json).await,
         Command::Unlock { force, key } => unlock(&locker, &key, force).await,
         Command::Watch {
             pattern,
@@ -125,27 +131,42 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     }
 }
 
-/// A locker on the URL from `--url`, `LOCKCTL_URL` or `REDIS_URL`, in that order.
-async fn connect(url: Option<String>, prefix: String) -> Result<Locker, String> {
+/// A locker with the service's settings from the environment (see
+/// [`LockerBuilder::from_env`]), the URL from `--url`, `LOCKCTL_URL`, `LOCKRT_URL` or
+/// `REDIS_URL` in that order, the prefix from `--prefix` when given.
+async fn connect(url: Option<String>, prefix: Option<String>) -> Result<Locker, String> {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let mut config = LockerConfig::from_lookup(env).map_err(|e| e.to_string())?;
     let (url, source) = match url {
         Some(url) => (url, "--url"),
-        None => ["LOCKCTL_URL", "REDIS_URL"]
+        None => ["LOCKCTL_URL", "LOCKRT_URL", "REDIS_URL"]
             .into_iter()
-            .find_map(|name| std::env::var(name).ok().map(|url| (url, name)))
-            .ok_or("no Redis URL: pass --url redis://host:6379/ (or set LOCKCTL_URL)")?,
+            .find_map(|name| env(name).map(|url| (url, name)))
+            .ok_or(
+                "no Redis URL: pass --url redis://host:6379/, or set LOCKCTL_URL, or the \
+                 service's LOCKRT_URL or REDIS_URL",
+            )?,
     };
+    config.url = Some(url);
+    if prefix.is_some() {
+        config.prefix = prefix;
+    }
     // The URL itself is never printed: the library's error names the server, redacted.
-    Locker::builder()
-        .url(url)
-        .prefix(prefix)
+    LockerBuilder::from_config(config)
+        .map_err(|e| e.to_string())?
         .service_name("lockctl")
         .build()
         .await
         .map_err(|e| format!("cannot connect (URL from {source}): {e}"))
 }
 
-async fn list(locker: &Locker, pattern: &str) -> Result<ExitCode, String> {
+async fn list(locker: &Locker, pattern: &str, json: bool) -> Result<ExitCode, String> {
     let locks = locker.locks(pattern).await.map_err(|e| e.to_string())?;
+    if json {
+        let all: Vec<serde_json::Value> = locks.iter().map(to_json).collect();
+        println!("{}", serde_json::Value::Array(all));
+        return Ok(ExitCode::SUCCESS);
+    }
     print_header();
     for l in &locks {
         println!("{}", line(l));
@@ -154,11 +175,19 @@ async fn list(locker: &Locker, pattern: &str) -> Result<ExitCode, String> {
 }
 
 /// Exit code 1 when the lock is not held.
-async fn show(locker: &Locker, key: &str) -> Result<ExitCode, String> {
+async fn show(locker: &Locker, key: &str, json: bool) -> Result<ExitCode, String> {
     let Some(l) = locker.lock_info(key).await.map_err(|e| e.to_string())? else {
-        println!("{key:?}: not held");
+        if json {
+            println!("null");
+        } else {
+            println!("{key:?}: not held");
+        }
         return Ok(ExitCode::from(1));
     };
+    if json {
+        println!("{}", to_json(&l));
+        return Ok(ExitCode::SUCCESS);
+    }
     print_header();
     println!("{}", line(&l));
     println!("redis key:   {:?}", l.redis_key);
@@ -167,7 +196,8 @@ async fn show(locker: &Locker, key: &str) -> Result<ExitCode, String> {
         println!("host:        {:?}", h.host);
         println!("pid:         {}", h.pid);
         println!("instance id: {:?}", h.instance_id);
-        println!("acquired at: {} ms since the epoch", h.acquired_at_ms);
+        let (at, age) = when(h.acquired_at_ms);
+        println!("acquired at: {at} ({age} ago)");
         if h.handoff > 0 {
             println!("hand-off:    {} (passed on in its process)", h.handoff);
         }
@@ -227,9 +257,53 @@ async fn watch(
 
 fn print_header() {
     println!(
-        "{:<32} {:<40} {:>10} {:>20} {:>7}",
-        "KEY", "HOLDER", "LEASE", "FENCE", "WAITERS"
+        "{:<32} {:<40} {:>10} {:>20} {:>7} {:>10}",
+        "KEY", "HOLDER", "LEASE", "FENCE", "WAITERS", "HELD"
     );
+}
+
+/// A holder's acquired-at (ms since the epoch, the server's clock) as an RFC 3339 date, and
+/// how long ago that was by this machine's clock (`0s` if the clocks disagree the other way).
+fn when(acquired_at_ms: u64) -> (String, String) {
+    let at = UNIX_EPOCH + Duration::from_millis(acquired_at_ms);
+    let age = SystemTime::now().duration_since(at).unwrap_or_default();
+    (
+        humantime::format_rfc3339_millis(at).to_string(),
+        humantime::format_duration(round(age)).to_string(),
+    )
+}
+
+/// A duration to what a person reads: ms under 10 s, whole seconds after that.
+fn round(d: Duration) -> Duration {
+    if d < Duration::from_secs(10) {
+        Duration::from_millis(d.as_millis().try_into().unwrap_or(u64::MAX))
+    } else {
+        Duration::from_secs(d.as_secs())
+    }
+}
+
+/// One lock as JSON: the table's fields, the owner record's, and times in ms.
+fn to_json(l: &LockInfo) -> serde_json::Value {
+    let holder = l.holder.as_ref().map(|h| {
+        let (at, _) = when(h.acquired_at_ms);
+        serde_json::json!({
+            "service": h.service,
+            "host": h.host,
+            "pid": h.pid,
+            "instance_id": h.instance_id,
+            "acquired_at_ms": h.acquired_at_ms,
+            "acquired_at": at,
+            "handoff": h.handoff,
+        })
+    });
+    serde_json::json!({
+        "key": l.key,
+        "redis_key": l.redis_key,
+        "holder": holder,
+        "remaining_ms": l.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        "fence": l.fence,
+        "waiters": l.waiters,
+    })
 }
 
 /// `key holder lease fence waiters`, aligned like the header; the key and the holder's
@@ -243,13 +317,18 @@ fn line(l: &LockInfo) -> String {
         .remaining
         .map_or_else(|| "-".to_owned(), |d| format!("{}ms", d.as_millis()));
     let fence = l.fence.map_or_else(|| "-".to_owned(), |f| f.to_string());
+    let held = l.holder.as_ref().map_or_else(
+        || "-".to_owned(),
+        |h| when(h.acquired_at_ms).1.replace(' ', ""),
+    );
     format!(
-        "{:<32} {:<40} {:>10} {:>20} {:>7}",
+        "{:<32} {:<40} {:>10} {:>20} {:>7} {:>10}",
         format!("{:?}", l.key),
         holder,
         lease,
         fence,
-        l.waiters
+        l.waiters,
+        held
     )
 }
 

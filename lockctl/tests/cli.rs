@@ -14,9 +14,93 @@ fn lockctl(url: &str, args: &[&str]) -> Output {
         .arg(url)
         .args(args)
         .env_remove("LOCKCTL_URL")
-        .env_remove("REDIS_URL")
+        .envs_removed()
         .output()
         .expect("run lockctl")
+}
+
+/// Without the service's settings of this process: each test says which it sets.
+trait NoServiceEnv {
+    fn envs_removed(&mut self) -> &mut Self;
+}
+
+impl NoServiceEnv for std::process::Command {
+    fn envs_removed(&mut self) -> &mut Self {
+        for var in lockrt::LockerConfig::ENV_VARS {
+            self.env_remove(var);
+        }
+        self
+    }
+}
+
+/// `lockctl ARGS` with only these variables of the service's settings set (no `--url`).
+fn lockctl_env(vars: &[(&str, &str)], args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(args)
+        .env_remove("LOCKCTL_URL")
+        .envs_removed()
+        .envs(vars.iter().copied())
+        .output()
+        .expect("run lockctl")
+}
+
+/// What a service sets for itself (`LOCKRT_URL`, `LOCKRT_PREFIX`) is what lockctl uses; `show`
+/// prints the acquisition time as a date and an age, and `--json` prints what scripts parse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_the_services_settings_and_prints_dates_and_json() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let svc = Locker::builder()
+        .url(&url)
+        .prefix("app:")
+        .service_name("billing")
+        .build()
+        .await
+        .unwrap();
+    let g = svc.acquire("stock:1", LockOptions::new()).await.unwrap();
+    let fence = g.fence();
+    let out = tokio::task::spawn_blocking(move || {
+        let env = [("LOCKRT_URL", url.as_str()), ("LOCKRT_PREFIX", "app:")];
+        let listed = lockctl_env(&env, &["--json", "list"]);
+        let shown = lockctl_env(&env, &["show", "stock:1"]);
+        let json = lockctl_env(&env, &["show", "stock:1", "--json"]);
+        let none = lockctl_env(&[], &["list"]);
+        (listed, shown, json, none)
+    })
+    .await
+    .unwrap();
+    let (listed, shown, json, none) = out;
+    assert!(listed.status.success(), "{listed:?}");
+    let all: serde_json::Value = serde_json::from_str(&text(&listed)).expect("JSON");
+    let all = all.as_array().expect("an array");
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0]["key"], "stock:1");
+    assert_eq!(all[0]["redis_key"], "app:stock:1");
+    assert_eq!(all[0]["fence"], fence);
+    assert_eq!(all[0]["holder"]["service"], "billing");
+    let shown = text(&shown);
+    let at = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("acquired at: "))
+        .unwrap_or_else(|| panic!("{shown}"));
+    // `2026-11-25T01:02:03.456Z (1s 234ms ago)`
+    assert!(
+        at.contains('T') && at.contains("Z (") && at.ends_with(" ago)"),
+        "{at}"
+    );
+    let one: serde_json::Value = serde_json::from_str(&text(&json)).expect("JSON");
+    assert_eq!(one["holder"]["pid"], std::process::id());
+    assert!(
+        one["remaining_ms"].as_u64().is_some_and(|ms| ms > 0),
+        "{one}"
+    );
+    assert_eq!(none.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert!(
+        err.contains("LOCKRT_URL") && err.contains("REDIS_URL"),
+        "{err}"
+    );
+    g.release().await.unwrap();
 }
 
 fn text(o: &Output) -> String {

@@ -55,6 +55,8 @@ pub struct LockerBuilder {
     /// The masters' credentials under Sentinel (`sentinel_master_auth`).
     master_auth: Option<Auth>,
     local_handoff: u32,
+    /// What the error says when no server was given (`from_env` names its variables).
+    missing_url: Option<&'static str>,
 }
 
 impl fmt::Debug for LockerBuilder {
@@ -88,6 +90,7 @@ impl Default for LockerBuilder {
             service_name: None,
             master_auth: None,
             local_handoff: DEFAULT_LOCAL_HANDOFF,
+            missing_url: None,
         }
     }
 }
@@ -388,14 +391,21 @@ impl LockerBuilder {
         })
     }
 
+    /// What the "no Redis URL" error says instead of naming the builder's methods.
+    pub(crate) fn missing_url_hint(mut self, hint: &'static str) -> Self {
+        self.missing_url = Some(hint);
+        self
+    }
+
     /// The configured topology, with the masters' own credentials under Sentinel.
     fn topology(&self) -> Result<Topology, LockError> {
         let mut topology = self.topology.clone().ok_or_else(|| {
-            LockError::Config(
-                "no Redis URL: call `.url(\"redis://host:6379/\")` (or `.cluster(..)`, \
-                 `.sentinel(..)`) on the builder"
+            LockError::Config(match self.missing_url {
+                Some(hint) => format!("no Redis URL: {hint}"),
+                None => "no Redis URL: call `.url(\"redis://host:6379/\")` (or `.cluster(..)`, \
+                         `.sentinel(..)`) on the builder"
                     .into(),
-            )
+            })
         })?;
         match (&mut topology, &self.master_auth) {
             (_, None) => {}

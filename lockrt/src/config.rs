@@ -66,6 +66,9 @@ pub struct LockerConfig {
     pub safety_margin: Option<Duration>,
     /// [`LockerBuilder::local_handoff`].
     pub local_handoff: Option<u32>,
+    /// [`LockerBuilder::service_name`]: the name every lock of this service shows in
+    /// `lockctl` and [`Locker::lock_info`](crate::Locker::lock_info).
+    pub service_name: Option<String>,
 }
 
 impl fmt::Debug for LockerConfig {
@@ -91,13 +94,14 @@ impl fmt::Debug for LockerConfig {
             .field("response_timeout", &self.response_timeout)
             .field("safety_margin", &self.safety_margin)
             .field("local_handoff", &self.local_handoff)
+            .field("service_name", &self.service_name)
             .finish()
     }
 }
 
 impl LockerConfig {
     /// The environment variables [`LockerBuilder::from_env`] reads, in the order it reads them.
-    pub const ENV_VARS: [&str; 12] = [
+    pub const ENV_VARS: [&str; 13] = [
         "LOCKRT_URL",
         "REDIS_URL",
         "LOCKRT_SENTINEL_MASTER_USERNAME",
@@ -110,6 +114,7 @@ impl LockerConfig {
         "LOCKRT_RESPONSE_TIMEOUT",
         "LOCKRT_SAFETY_MARGIN",
         "LOCKRT_LOCAL_HANDOFF",
+        "LOCKRT_SERVICE_NAME",
     ];
 
     /// The settings named by [`ENV_VARS`](Self::ENV_VARS), read through `lookup` (a variable
@@ -156,6 +161,7 @@ impl LockerConfig {
                     })
                 })
                 .transpose()?,
+            service_name: get("LOCKRT_SERVICE_NAME"),
             ..LockerConfig::default()
         })
     }
@@ -177,7 +183,10 @@ impl LockerBuilder {
     /// | `LOCKRT_RESPONSE_TIMEOUT` | [`response_timeout`](Self::response_timeout) | `500ms` |
     /// | `LOCKRT_SAFETY_MARGIN` | [`safety_margin`](Self::safety_margin) | `100ms` |
     /// | `LOCKRT_LOCAL_HANDOFF` | [`local_handoff`](Self::local_handoff) | `16`, `0` |
+    /// | `LOCKRT_SERVICE_NAME` | [`service_name`](Self::service_name) | `billing` |
     ///
+    /// With neither `LOCKRT_URL` nor `REDIS_URL` set (and no `.url(..)` added),
+    /// [`build`](Self::build) fails with a [`LockError::Config`] that names both variables.
     /// Durations are written as `30s`, `500ms`, `1m 30s` (humantime). A value that does not
     /// parse, or that is not valid unicode, is a [`LockError::Config`] naming the variable and
     /// the value (URLs are never echoed: they may carry a password).
@@ -193,7 +202,11 @@ impl LockerBuilder {
                 return Err(LockError::Config(format!("{name} is not valid unicode")));
             }
         }
-        LockerBuilder::from_config(LockerConfig::from_lookup(|name| std::env::var(name).ok())?)
+        let config = LockerConfig::from_lookup(|name| std::env::var(name).ok())?;
+        Ok(LockerBuilder::from_config(config)?.missing_url_hint(
+            "neither LOCKRT_URL nor REDIS_URL is set (LockerBuilder::from_env reads them): \
+             set one, e.g. LOCKRT_URL=redis://host:6379/",
+        ))
     }
 
     /// A builder with these settings (unset ones keep their defaults). Fails when more than
@@ -214,6 +227,7 @@ impl LockerBuilder {
             response_timeout,
             safety_margin,
             local_handoff,
+            service_name,
         } = config;
         let mut b = servers(LockerBuilder::default(), url, cluster, sentinels, service)?;
         if master_username.is_some() || master_password.is_some() {
@@ -247,6 +261,9 @@ impl LockerBuilder {
         }
         if let Some(n) = local_handoff {
             b = b.local_handoff(n);
+        }
+        if let Some(name) = service_name {
+            b = b.service_name(name);
         }
         Ok(b)
     }
