@@ -69,8 +69,9 @@ impl Shared {
             }
         }
         if !matched {
-            // Perhaps a lease between two holders of this locker (local hand-off): the next
-            // holder's lease, added soon, must hear of it too.
+            // Perhaps a lease whose acquire reply is still on its way (the revoke channel is
+            // another connection and may deliver first), or one between two holders of this
+            // locker (local hand-off): that lease, added soon, must hear of it too.
             t.unmatched
                 .retain(|(_, at, _)| now.duration_since(*at) < UNMATCHED_KEPT);
             if t.unmatched.len() >= MAX_UNMATCHED {
@@ -391,7 +392,7 @@ fn warn_limited(t: &mut Table, now: Instant, e: &crate::error::BackendError, lea
 /// Whether a revocation of `info`'s token came while no watched lease had it (a lease being
 /// passed on in the process): `Some(trusted)`, forgotten once matched.
 fn revoked_before(t: &mut Table, info: &LeaseInfo) -> Option<bool> {
-    if t.unmatched.is_empty() || info.local == 0 {
+    if t.unmatched.is_empty() {
         return None;
     }
     let i = t
@@ -465,6 +466,25 @@ mod tests {
             .await
             .expect("loss seen at the renewal a third in, before the deadline");
         assert!(Instant::now() < start + ttl - margin(ttl, SAFETY));
+    }
+
+    /// A forced unlock lands right after an acquisition ran, and its revoke message arrives
+    /// before the acquire reply (they travel on different connections): the lease, added
+    /// afterwards, is checked at once and found lost, not at its first renewal.
+    #[tokio::test(start_paused = true)]
+    async fn a_revocation_heard_before_its_lease_was_added_is_checked_at_once() {
+        let ttl = Duration::from_secs(3);
+        let (backend, info) = setup(ttl, None);
+        assert_eq!(info.local, 0, "a lock taken from the backend");
+        let monitor = Monitor::spawn(backend.clone(), &tokio::runtime::Handle::current());
+        let forced = backend.force_release(&info.key).await;
+        assert!(matches!(forced, Ok(true)), "{forced:?}");
+        monitor.shared.revoke(info.token.as_str());
+        let start = Instant::now();
+        assert!(monitor.add(info.clone(), start, ttl));
+        tokio::time::timeout(Duration::from_millis(100), info.lost())
+            .await
+            .expect("lost at once, not at the renewal a third into the lease");
     }
 
     #[tokio::test(start_paused = true)]
