@@ -139,9 +139,15 @@ struct Unclaimed<'a> {
 
 impl Unclaimed<'_> {
     fn release_now(&mut self) {
-        if let Some(baton) = self.entry.take_baton_if(self.counter, self.local) {
-            discard(self.locker, baton);
-        }
+        release_baton_if(self.locker, self.entry, self.counter, self.local);
+    }
+}
+
+/// Releases the baton of hand-off `local` of the lock taken at `counter` in the backend, if it
+/// is still there.
+fn release_baton_if(locker: &Locker, entry: &EntryHandle, counter: u64, local: u32) {
+    if let Some(baton) = entry.take_baton_if(counter, local) {
+        discard(locker, baton);
     }
 }
 
@@ -163,9 +169,7 @@ impl Drop for Unclaimed<'_> {
         self.locker.inner.cleanups.spawn_on(
             async move {
                 tokio::time::sleep_until(by).await;
-                if let Some(baton) = e.take_baton_if(counter, local) {
-                    discard(&l, baton);
-                }
+                release_baton_if(&l, &e, counter, local);
             },
             &rt,
         );

@@ -166,6 +166,11 @@ pub(crate) struct Baton {
 }
 
 impl Baton {
+    /// Whether it is hand-off `local` of the lock taken at `counter`.
+    pub(crate) fn is(&self, counter: u64, local: u32) -> bool {
+        self.counter == counter && self.local == local
+    }
+
     /// Whether the lease it carries has at least the safety margin left (the rule every lock
     /// handed out follows).
     pub(crate) fn fresh(&self, safety: Duration) -> bool {

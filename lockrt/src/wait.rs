@@ -224,10 +224,7 @@ impl EntryHandle {
     /// The baton of hand-off `local` of the lock taken at `counter`, if it is still there.
     pub(crate) fn take_baton_if(&self, counter: u64, local: u32) -> Option<Baton> {
         let mut baton = self.entry().baton.lock().unwrap_or_else(|p| p.into_inner());
-        if baton
-            .as_ref()
-            .is_some_and(|b| b.counter == counter && b.local == local)
-        {
+        if baton.as_ref().is_some_and(|b| b.is(counter, local)) {
             return baton.take().map(|b| *b);
         }
         None
@@ -236,9 +233,7 @@ impl EntryHandle {
     /// Whether the baton of hand-off `local` of the lock taken at `counter` is still there.
     pub(crate) fn has_baton(&self, counter: u64, local: u32) -> bool {
         let baton = self.entry().baton.lock().unwrap_or_else(|p| p.into_inner());
-        baton
-            .as_ref()
-            .is_some_and(|b| b.counter == counter && b.local == local)
+        baton.as_ref().is_some_and(|b| b.is(counter, local))
     }
 
     /// The lease a holder passed on, if one waits (only for the caller with the turn).
