@@ -432,12 +432,12 @@ async fn chaos_cluster_slot_migration_holder_and_waiter() {
                         match g.release().await {
                             Ok(()) => ok.fetch_add(1, Ordering::SeqCst),
                             Err(e) => {
-                                count_error(&e, &tryagain, &errors, &mismatched);
+                                count_error("release", &e, &tryagain, &errors, &mismatched);
                                 0
                             }
                         };
                     }
-                    Err(e) => count_error(&e, &tryagain, &errors, &mismatched),
+                    Err(e) => count_error("acquire", &e, &tryagain, &errors, &mismatched),
                 }
             }
         });
@@ -511,11 +511,12 @@ async fn chaos_cluster_slot_migration_holder_and_waiter() {
     assert_woken_promptly(handoff);
 }
 
-/// Counts an error of the load on the migrating slot: `TRYAGAIN` (a script finding some of
+/// Counts an error of the load's `op` on the migrating slot: `TRYAGAIN` (a script finding some of
 /// a lock's keys moved and others not, refused until the migration ends: retryable and
 /// expected) in `tryagain`, anything else in `errors`, replies of other requests in
 /// `mismatched` too.
 fn count_error(
+    op: &str,
     e: &lockrt::LockError,
     tryagain: &AtomicU64,
     errors: &AtomicU64,
@@ -526,7 +527,7 @@ fn count_error(
         return;
     }
     if errors.fetch_add(1, Ordering::SeqCst) < 3 {
-        eprintln!("error during the migration: {e}");
+        eprintln!("{op} failed during the migration: {e}");
     }
     if e.to_string().contains("another request") {
         mismatched.fetch_add(1, Ordering::SeqCst);

@@ -17,11 +17,10 @@ use tokio::time::Instant;
 
 use crate::backend::contract::{Released, Renewal};
 use crate::error::BackendError;
-use crate::lease::{Baton, ChainCheck, LeaseInfo};
+use crate::lease::{Baton, ChainCheck, LeaseInfo, release_backoff};
 use crate::locker::Locker;
 use crate::monitor::Monitor;
 use crate::renewal::hedge_time;
-use crate::retry::Backoff;
 use crate::wait::EntryHandle;
 
 /// Leaves `info`'s lease for the next caller of `locker` waiting for its key, if one waits
@@ -88,7 +87,7 @@ pub(crate) async fn confirm(
     };
     let check_owner = async {
         // Retried like a release whose outcome is unknown (a reset, a restarted server).
-        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100), 3);
+        let mut backoff = release_backoff();
         loop {
             // Hedged like the monitor's renewals: after half of what is left of the lease.
             let sent = Instant::now();

@@ -21,8 +21,20 @@ use crate::error::BackendError;
 use crate::key::LockKey;
 use crate::retry::Backoff;
 
-/// Retries of a release whose outcome is unknown (timeout, reset).
-const RELEASE_RETRIES: u32 = 3;
+/// Retries of a release whose outcome is unknown (timeout, reset) or that a Cluster redirected
+/// past redis-rs's own retries: with pauses doubling from 10 ms to 200 ms they span about
+/// half a second, longer than a slot migration's redirections usually last (three retries,
+/// 70 ms, left a release failing mid-migration).
+const RELEASE_RETRIES: u32 = 6;
+
+/// The backoff of a release and of a hand-off's owner check (which is retried like one).
+pub(crate) fn release_backoff() -> Backoff {
+    Backoff::new(
+        Duration::from_millis(10),
+        Duration::from_millis(200),
+        RELEASE_RETRIES,
+    )
+}
 
 /// What a guard and the monitor share about one lease.
 #[derive(Debug)]
@@ -350,11 +362,7 @@ pub(crate) async fn end_lease(
     if let Some(chain) = info.chain.get() {
         chain.idle().await;
     }
-    let mut backoff = Backoff::new(
-        Duration::from_millis(10),
-        Duration::from_millis(100),
-        RELEASE_RETRIES,
-    );
+    let mut backoff = release_backoff();
     let keep_until = info.keep_until.filter(|k| *k > Instant::now());
     loop {
         let keep = keep_until
