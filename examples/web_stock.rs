@@ -1,6 +1,8 @@
 //! An axum service whose stock deduction is an annotated handler: the lock key comes from the
-//! `Path` extractor, the locker from the app state, and a busy lock becomes a `503` JSON answer
-//! through the error type's `From<LockError>` (which gives the return type `FromLockError`).
+//! `Path` extractor, the locker from the app state, and a lock failure is an HTTP answer with no
+//! glue: with lockrt's `axum` feature, `LockError` converts into axum's `Response`, so a handler
+//! returning `Result<Json<_>, Response>` (or `impl IntoResponse`, `Response`,
+//! `Result<_, (StatusCode, String)>`) can be locked as it is.
 //!
 //! ```sh
 //! cargo run --example web_stock -- --listen 127.0.0.1:3000 --seed 1=5
@@ -14,18 +16,18 @@
 //! README "Configuration"); without a URL the example runner starts a throwaway `redis-server`
 //! and prints its URL.
 //!
-//! | answer | status | body |
-//! |---|---|---|
-//! | deducted | 200 | `{"item":1,"left":4}` |
-//! | no stock left | 409 | `{"error":"sold_out"}` |
-//! | lock busy for the whole `wait` | 503, `Retry-After: 1` | `{"error":"busy","retry":true}` |
-//! | lock server unreachable | 503, `Retry-After: 1` | `{"error":"lock_unavailable","retry":true}` |
-//! | lock lost mid-way | 500 | `{"error":"lock_lost","retry":false}` |
-//! | stock store failed | 500 | `{"error":"internal","retry":false}` |
+//! | answer | status | body | from |
+//! |---|---|---|---|
+//! | deducted | 200 | `{"item":1,"left":4}` | the handler |
+//! | no stock left | 409 | `{"error":"sold_out"}` | the handler |
+//! | stock store failed | 500 | `{"error":"internal","retry":false}` | the handler |
+//! | lock busy for the whole `wait` | 409 | `{"error":"lock_busy","retry":true}` | lockrt |
+//! | lock server unreachable | 503, `Retry-After: 1` | `{"error":"lock_unavailable","retry":true}` | lockrt |
+//! | lock lost mid-way | 500 | `{"error":"lock_lost","retry":false}` | lockrt |
 //!
-//! The rule behind the codes: `503` means nothing was done and the same request may simply be
-//! sent again; `500` means the deduction was interrupted and may or may not have happened, so a
-//! client should read the stock before retrying.
+//! `retry: true` means nothing was done and the same request may simply be sent again; `500`
+//! means the deduction was interrupted and may or may not have happened, so a client should read
+//! the stock before retrying.
 //!
 //! Flags: `--listen ADDR` (default `127.0.0.1:3000`; port 0 picks a free one, the line
 //! `listening on http://...` says which), `--seed ITEM=N` (repeatable: set the stock at
@@ -40,11 +42,10 @@ use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::http::header::RETRY_AFTER;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lockrt::{LockError, Locker, LockerBuilder, distributed_lock};
+use lockrt::{Locker, LockerBuilder, distributed_lock};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::Serialize;
@@ -74,69 +75,16 @@ struct Stock {
     left: u64,
 }
 
-/// Everything a handler can answer besides success.
-#[derive(Debug)]
-enum ApiError {
-    SoldOut,
-    Lock(LockError),
-    Store(redis::RedisError),
-}
+/// Success, or an answer already made: a lock failure gets there by `?` or by the attribute
+/// itself (lockrt's `From<LockError> for Response`).
+type ApiResult = Result<Json<Stock>, Response>;
 
-// This impl is what lets `#[distributed_lock]` return lock failures: lockrt implements
-// `FromLockError` for every `Result<T, E>` with `E: From<LockError>`, so `ApiResult` qualifies.
-impl From<LockError> for ApiError {
-    fn from(e: LockError) -> Self {
-        ApiError::Lock(e)
-    }
+/// A failure of the stock store: logged whole, answered without detail.
+fn internal(e: redis::RedisError) -> Response {
+    tracing::error!("stock store: {e}");
+    let body = Json(json!({ "error": "internal", "retry": false }));
+    (StatusCode::INTERNAL_SERVER_ERROR, body).into_response()
 }
-
-impl From<redis::RedisError> for ApiError {
-    fn from(e: redis::RedisError) -> Self {
-        ApiError::Store(e)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        // 503 + Retry-After: the request was turned away before the critical section ran, a
-        // transient condition, and retrying it is safe.
-        let retry_later = |code: &str| {
-            let body = Json(json!({ "error": code, "retry": true }));
-            (StatusCode::SERVICE_UNAVAILABLE, [(RETRY_AFTER, "1")], body).into_response()
-        };
-        // 500: the deduction was interrupted and may have happened; no blind retry.
-        let failed = |code: &str| {
-            let body = Json(json!({ "error": code, "retry": false }));
-            (StatusCode::INTERNAL_SERVER_ERROR, body).into_response()
-        };
-        match self {
-            ApiError::SoldOut => {
-                (StatusCode::CONFLICT, Json(json!({ "error": "sold_out" }))).into_response()
-            }
-            ApiError::Lock(LockError::Timeout { .. }) => retry_later("busy"),
-            ApiError::Lock(e @ LockError::Backend(_)) => {
-                // lockrt strips credentials from the address and message; the client gets no
-                // detail about our infrastructure at all, the log gets the whole story.
-                tracing::error!("{e}");
-                retry_later("lock_unavailable")
-            }
-            ApiError::Lock(e @ LockError::Lost { .. }) => {
-                tracing::error!("{e}");
-                failed("lock_lost")
-            }
-            ApiError::Lock(e) => {
-                tracing::error!("{e}");
-                failed("internal")
-            }
-            ApiError::Store(e) => {
-                tracing::error!("stock store: {e}");
-                failed("internal")
-            }
-        }
-    }
-}
-
-type ApiResult = Result<Json<Stock>, ApiError>;
 
 fn stock_key(id: u64) -> String {
     // The lock for this item is the Redis key `lock:stock:<id>` (the locker's prefix), so the
@@ -144,17 +92,15 @@ fn stock_key(id: u64) -> String {
     format!("stock:{id}")
 }
 
-async fn read_stock(store: &mut ConnectionManager, id: u64) -> Result<u64, ApiError> {
+async fn read_stock(store: &mut ConnectionManager, id: u64) -> Result<u64, Response> {
     // An item never seeded has no stock.
-    Ok(store
-        .get::<_, Option<u64>>(stock_key(id))
-        .await?
-        .unwrap_or(0))
+    let left: Option<u64> = store.get(stock_key(id)).await.map_err(internal)?;
+    Ok(left.unwrap_or(0))
 }
 
 /// `POST /items/{id}/deduct`: one unit, at most one request per item at a time across all
 /// instances. `wait = "2s"`: a fixed policy visible where it applies; a request that cannot get
-/// the lock in 2 s answers 503 rather than hold a connection open. (For a configurable wait,
+/// the lock in 2 s answers 409 `lock_busy` rather than hold a connection open. (For a configurable wait,
 /// omit `wait` here and set `Locker::builder().default_wait(..)`.)
 #[distributed_lock(key = "stock:{id}", locker = state.locker, ttl = "10s", wait = "2s")]
 async fn deduct(State(state): State<AppState>, Path(id): Path<u64>) -> ApiResult {
@@ -163,10 +109,11 @@ async fn deduct(State(state): State<AppState>, Path(id): Path<u64>) -> ApiResult
     let mut store = state.store.clone();
     let left = read_stock(&mut store, id).await?;
     if left == 0 {
-        return Err(ApiError::SoldOut);
+        let body = Json(json!({ "error": "sold_out" }));
+        return Err((StatusCode::CONFLICT, body).into_response());
     }
     tokio::time::sleep(state.work).await;
-    let () = store.set(stock_key(id), left - 1).await?;
+    let () = store.set(stock_key(id), left - 1).await.map_err(internal)?;
     Ok(Json(Stock {
         item: id,
         left: left - 1,

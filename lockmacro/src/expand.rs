@@ -14,10 +14,13 @@
 //!     let __lockrt_body = async move { /* fake return */ BODY };
 //!     ::lockrt::__private::run(
 //!         __lockrt_locker, __lockrt_key, __lockrt_options, { __lockrt_body },
+//!         ::lockrt::__private::FromLockError::from_lock_error,
 //!     )
 //!     .await
 //! }
 //! ```
+//! (`-> impl IntoResponse`: the body is `respond(__lockrt_body)`, an axum `Response`, and the
+//! conversion `from_lock_error_response`.)
 //! The locker, key and options are evaluated before the body takes the parameters by move, so
 //! they may borrow them (`self.locker`, `order.id`, `cfg.ttl()`). `return` and `?` in `BODY`
 //! leave the async block, whose value `run` hands back unchanged once the lock is released.
@@ -55,8 +58,24 @@ pub(crate) fn expand(args: Args, func: &MaybeItemFn) -> syn::Result<TokenStream>
     let key_expr = key_expr(&args.key, &func.sig, &krate)?;
     let options_expr = options_expr(&args.options, &krate);
     let fake_return = fake_return(&func.sig);
+    // A body behind `impl IntoResponse` has a type no lock failure can become: it is turned
+    // into an axum `Response` first (feature `axum`; without it the conversion names the fix).
+    // The conversion is where a return type that can't carry a lock failure is reported:
+    // every token of it on the `-> Type`, so that is what the error points at.
+    let (body_expr, convert) = if returns_into_response(&func.sig) {
+        (
+            quote_spanned!(ret_span=> #krate::__private::respond(#body)),
+            quote!(#krate::__private::from_lock_error_response),
+        )
+    } else {
+        (
+            quote_spanned!(ret_span=> { #body }),
+            quote!(#krate::__private::FromLockError::from_lock_error),
+        )
+    };
+    let convert = respan(convert, ret_span);
     let run = quote_spanned! {ret_span=>
-        #krate::__private::run(#locker, #key, #options, { #body }).await
+        #krate::__private::run(#locker, #key, #options, #body_expr, #convert).await
     };
     let MaybeItemFn {
         outer_attrs,
@@ -112,6 +131,37 @@ fn return_span(sig: &Signature) -> Span {
         ReturnType::Type(_, ty) => ty.span(),
         ReturnType::Default => sig.ident.span(),
     }
+}
+
+/// `tokens` with every span set to `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let proc_macro2::TokenTree::Group(g) = &tt {
+                let mut inner = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
+                inner.set_span(span);
+                tt = inner.into();
+            }
+            tt.set_span(span);
+            tt
+        })
+        .collect()
+}
+
+/// `-> impl IntoResponse` (axum's trait, by its name: a macro sees no types), with any other
+/// bounds.
+fn returns_into_response(sig: &Signature) -> bool {
+    let ReturnType::Type(_, ty) = &sig.output else {
+        return false;
+    };
+    let Type::ImplTrait(it) = &**ty else {
+        return false;
+    };
+    it.bounds.iter().any(|b| {
+        matches!(b, syn::TypeParamBound::Trait(t)
+            if t.path.segments.last().is_some_and(|s| s.ident == "IntoResponse"))
+    })
 }
 
 /// A never-taken `return` of the declared type, first in the async block, so the block is

@@ -62,24 +62,74 @@ pub fn default_locker() -> Result<Locker, LockError> {
     crate::context::default_locker()
 }
 
-/// Runs `body` under the lock and folds lock failures into the fn's return type.
+/// Runs `body` under the lock and folds lock failures into the fn's return type with
+/// `on_error` (`FromLockError::from_lock_error`, or [`from_lock_error_response`]). The
+/// conversion is an argument rather than a bound here so that a return type that can't carry
+/// a lock failure is reported once, on that argument, and not again at the `.await`.
 #[inline]
 pub async fn run<F>(
     locker: Result<Locker, LockError>,
     key: String,
     opts: LockOptions,
     body: F,
+    on_error: fn(LockError) -> F::Output,
 ) -> F::Output
 where
     F: Future,
-    F::Output: FromLockError,
 {
     let locker = match locker {
         Ok(l) => l,
-        Err(e) => return F::Output::from_lock_error(e),
+        Err(e) => return on_error(e),
     };
     match locker.run(key, opts, body).await {
         Ok(v) => v,
-        Err(e) => F::Output::from_lock_error(e),
+        Err(e) => on_error(e),
     }
+}
+
+/// The body of a fn declared `-> impl IntoResponse`, turned into an axum `Response` (which
+/// a lock failure can become; the body's own type is hidden behind the `impl`).
+#[cfg(feature = "axum")]
+#[inline]
+pub async fn respond<F>(body: F) -> axum_core::response::Response
+where
+    F: Future,
+    F::Output: axum_core::response::IntoResponse,
+{
+    axum_core::response::IntoResponse::into_response(body.await)
+}
+
+/// Without the `axum` feature the body stays as it is, and [`from_lock_error_response`]
+/// reports the missing feature.
+#[cfg(not(feature = "axum"))]
+#[inline]
+pub fn respond<F: Future>(body: F) -> F {
+    body
+}
+
+/// A lock failure as the response of a fn declared `-> impl IntoResponse`.
+#[cfg(feature = "axum")]
+#[inline]
+pub fn from_lock_error_response(e: LockError) -> axum_core::response::Response {
+    axum_core::response::IntoResponse::into_response(e)
+}
+
+/// Never callable: no type implements [`AxumFeatureNeeded`], so this only names the fix.
+#[cfg(not(feature = "axum"))]
+#[inline]
+pub fn from_lock_error_response<T: AxumFeatureNeeded>(e: LockError) -> T {
+    T::from_lock_error(e)
+}
+
+/// Implemented by no type: the bound that fails, with the fix as its message, when a fn
+/// declared `-> impl IntoResponse` is locked without the `axum` feature.
+#[cfg(not(feature = "axum"))]
+#[diagnostic::on_unimplemented(
+    message = "a `#[distributed_lock]` fn returning `impl IntoResponse` needs lockrt's `axum` feature",
+    label = "a lock failure can't become this hidden type",
+    note = "enable it in Cargo.toml: `lockrt = {{ version = \"0.1\", features = [\"axum\"] }}` (a lock failure then answers 409, 503 or 500)"
+)]
+pub trait AxumFeatureNeeded {
+    /// Unreachable: there are no impls.
+    fn from_lock_error(e: LockError) -> Self;
 }

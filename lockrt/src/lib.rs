@@ -97,6 +97,8 @@ mod renewal;
 mod retry;
 mod section;
 mod wait;
+#[cfg(feature = "axum")]
+pub mod web;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -230,7 +232,8 @@ pub use section::Checked;
 ///
 /// The fn's output must implement [`FromLockError`], so a lock failure can be returned instead
 /// of running the body: any `Result<T, E>` with `E: From<LockError>` does. Implement it for
-/// your own types, e.g. a web response that maps a busy lock to `409 Conflict`:
+/// your own types, e.g. a response of your own that maps a busy lock to `409 Conflict` (with
+/// the `axum` feature, axum's own return types already do: see the `web` module):
 ///
 /// ```
 /// use lockrt::{distributed_lock, FromLockError, LockError, Locker};
@@ -308,6 +311,7 @@ pub use section::Checked;
 ///             __lockrt_key,
 ///             __lockrt_options,
 ///             { __lockrt_body },
+///             ::lockrt::__private::FromLockError::from_lock_error,
 ///         )
 ///         .await
 /// }
@@ -325,8 +329,11 @@ pub use section::Checked;
 ///   can't see them, and a parameter may have the same name.
 /// - `run` is [`Locker::run`] plus the conversion of a lock failure through [`FromLockError`]:
 ///   the same round trips as calling `Locker::run` by hand, and no allocation beyond the key.
-///   Its call and the braces around `__lockrt_body` carry the span of the return type, so a
-///   type that can't carry a lock failure is reported there.
+///   The conversion carries the span of the return type, so a type that can't carry a lock
+///   failure is reported there, once.
+/// - `-> impl IntoResponse` (feature `axum`): the body is `respond(__lockrt_body)`, which
+///   turns its value into an axum `Response`, and the conversion is `LockError`'s
+///   `IntoResponse` (the `web` module: 409 busy, 503 unavailable, 500 lost).
 ///
 /// `#[async_trait]` methods are refused with a compile error (the attribute would see
 /// `async_trait`'s boxed future): use a native `async fn` in the trait, or `Locker::run`.
