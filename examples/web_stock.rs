@@ -50,8 +50,6 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 use serde_json::json;
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::LevelFilter;
 
 mod runner;
 
@@ -213,24 +211,6 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn Error>> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let filter = EnvFilter::builder()
-        .with_default_directive(LevelFilter::WARN.into())
-        .from_env_lossy();
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    let cfg = match parse_args() {
-        Ok(cfg) => cfg,
-        Err(usage) => {
-            eprintln!("{usage}");
-            return ExitCode::from(2);
-        }
-    };
-    // Display, not Debug: the messages (lockrt's in particular) say what to do.
-    if let Err(e) = serve(cfg).await {
-        eprintln!("web_stock: {e}");
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+    runner::init_logs();
+    runner::serve_main("web_stock", parse_args(), serve).await
 }

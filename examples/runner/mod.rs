@@ -53,3 +53,39 @@ impl DevRedis {
         self.server.is_some()
     }
 }
+
+/// Logs to stderr, at WARN unless `RUST_LOG` says otherwise (stdout is the examples' output).
+pub(crate) fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// The end of a service example's `main`: its arguments parsed (or the usage, exit 2), then
+/// `serve`d until it returns; an error is printed with `Display`, since lockrt's messages say
+/// what to do.
+pub(crate) async fn serve_main<C, F>(
+    name: &str,
+    args: Result<C, String>,
+    serve: impl FnOnce(C) -> F,
+) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<(), Box<dyn std::error::Error>>>,
+{
+    let cfg = match args {
+        Ok(cfg) => cfg,
+        Err(usage) => {
+            eprintln!("{usage}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    if let Err(e) = serve(cfg).await {
+        eprintln!("{name}: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    std::process::ExitCode::SUCCESS
+}

@@ -1,0 +1,272 @@
+//! [`every`]: a job run once per tick across a fleet, on ticks every instance agrees on.
+//!
+//! Each tick is claimed with a lock of its own, `<name>:at:<tick start in Unix ms>`, which the
+//! instance that ran it keeps (as `min_hold` keeps a lock) until the end of the *next* tick: a
+//! finished run leaves that claim in Redis even if its process dies right after, so no other
+//! instance runs the tick again, and instances whose clocks lag by up to a tick still find it
+//! taken. A run that dies instead stops renewing, its claim expires after `ttl`, and an
+//! instance still waiting for the tick takes it over. The runs themselves hold the lock
+//! `<name>`, so a run that overruns its tick never overlaps the next (bounded by `max_hold`,
+//! one tick unless set).
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::error::LockError;
+use crate::locker::Locker;
+use crate::options::LockOptions;
+
+/// Bounds the sleeps towards one tick start: a wall clock set back wakes the sleeper early,
+/// and it sleeps again, but not without end.
+const MAX_SLEEPS_PER_TICK: u32 = 64;
+
+/// What happened to one tick on this instance, for its log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// The job ran to its end here.
+    Ran,
+    /// Another instance took the tick.
+    Elsewhere,
+    /// The tick was ours, but the previous run held the job past the tick's end.
+    Overrun,
+    /// The job was cancelled when its lock was lost (or `max_hold` ran out).
+    Lost,
+    /// The lock server failed; the tick is left to the others.
+    Failed,
+}
+
+/// Runs `job` once per `tick` across every instance that calls this with the same `name` on
+/// the same lock server, until [`Locker::shutdown`]; then returns `Ok(())`. The job is given
+/// the tick's start (a key for work that must not be done twice).
+///
+/// - **Ticks follow the wall clock**: they start at multiples of `tick` since the Unix epoch
+///   (`tick = 1h` runs on the hour), so instances agree on them without talking. The first is
+///   the next one to start.
+/// - **Exactly one run per tick** across the fleet: the instance that gets the tick's claim
+///   runs it, the others wait for the claim until the tick ends and run it only if the holder
+///   dies first (its lease, `ttl`, runs out: pick `ttl` well below `tick` for a takeover
+///   within the tick). A finished run keeps its claim until the next tick ends, so neither a
+///   crash after the run nor a clock that lags by less than a tick makes it run twice.
+/// - **Runs never overlap**: each holds the lock `name`; a tick whose run can't start before
+///   the tick ends (the previous run still going) is skipped and logged at WARN. `max_hold`
+///   bounds a run (default: one tick); past it the job is cancelled.
+/// - Failures are logged and the next tick tried: a lost lock (the job is cancelled, as
+///   `on_lost = "cancel"` does), an unreachable server (WARN).
+/// - At least once at one instant: an instance that dies after its job ended but before its
+///   claim was marked done (one round trip) leaves the tick to be run again by a waiting
+///   instance. Make the job idempotent per tick where that matters.
+///
+/// `opts` gives `ttl`, `max_hold`, `watchdog`; `wait` and `min_hold` are set per tick, so
+/// giving them is an error, as is a zero `tick` or an invalid `name`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+/// use std::time::Duration;
+/// use lockrt::{LockOptions, Locker};
+///
+/// let locker = Locker::in_memory();
+/// let opts = LockOptions::new().ttl(Duration::from_millis(500));
+/// let job = tokio::spawn({
+///     let locker = locker.clone();
+///     async move {
+///         lockrt::every(&locker, "job:report", Duration::from_millis(50), opts, |tick| async move {
+///             // send the report for the tick starting at `tick` (a SystemTime)
+///             let _ = tick;
+///         })
+///         .await
+///     }
+/// });
+/// tokio::time::sleep(Duration::from_millis(120)).await;
+/// locker.shutdown().await; // every() returns
+/// job.await.unwrap()?;
+/// # Ok(()) }
+/// ```
+pub async fn every<F, Fut>(
+    locker: &Locker,
+    name: &str,
+    tick: Duration,
+    opts: LockOptions,
+    mut job: F,
+) -> Result<(), LockError>
+where
+    F: FnMut(SystemTime) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    check(locker, name, tick, &opts)?;
+    let tick_ms = tick.as_millis().max(1);
+    let mut start = next_tick(now_ms(), tick_ms);
+    loop {
+        tokio::select! {
+            biased;
+            () = locker.inner.closing.cancelled() => return Ok(()),
+            () = sleep_until_ms(start) => {}
+        }
+        let turn = take_turn(locker, name, start, tick_ms, opts, &mut job).await;
+        match turn {
+            Ok(turn) => log_turn(name, start, turn),
+            Err(LockError::ShutDown) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        // The next tick, or the one now under way when this turn took longer (a run that
+        // overran): that one is claimed late, and the ticks in between are not made up for.
+        start = (start + tick_ms).max(now_ms() / tick_ms * tick_ms);
+    }
+}
+
+fn check(locker: &Locker, name: &str, tick: Duration, opts: &LockOptions) -> Result<(), LockError> {
+    if tick.is_zero() {
+        return Err(LockError::Config(
+            "every(): `tick` must be longer than zero".into(),
+        ));
+    }
+    if opts.wait.is_some() || opts.min_hold.is_some() {
+        return Err(LockError::Config(
+            "every(): leave `wait` and `min_hold` unset: each tick is waited for until it ends, \
+             and its claim kept until the next one ends"
+                .into(),
+        ));
+    }
+    locker.redis_key(name)?;
+    locker.redis_key(&claim_key(name, 0)).map(drop)
+}
+
+/// The claim of the tick starting at `start` (Unix ms).
+fn claim_key(name: &str, start: u128) -> String {
+    format!("{name}:at:{start}")
+}
+
+/// One tick: its claim, then the run under the job's lock. `Err` only for what ends
+/// [`every`]: a shutdown, a key or setting the locker refuses.
+async fn take_turn<F, Fut>(
+    locker: &Locker,
+    name: &str,
+    start: u128,
+    tick_ms: u128,
+    opts: LockOptions,
+    job: &mut F,
+) -> Result<Turn, LockError>
+where
+    F: FnMut(SystemTime) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let end = start + tick_ms;
+    let run_max = opts
+        .max_hold
+        .unwrap_or(Duration::from_millis(duration_ms(tick_ms)));
+    // Kept until the next tick ends (`min_hold` counts from the grant, which is no earlier),
+    // and held for as long as a run that starts at the tick's end may last: a claim that
+    // stopped renewing before the run ended would let a waiting instance run the tick again.
+    let claim_opts = LockOptions {
+        max_hold: Some(ms_until(end) + run_max + Duration::from_millis(duration_ms(tick_ms))),
+        ..opts
+    }
+    .wait(ms_until(end))
+    .min_hold(ms_until(end + tick_ms));
+    let claim = match locker.acquire(&claim_key(name, start), claim_opts).await {
+        Ok(claim) => claim,
+        Err(LockError::Timeout { .. }) => return Ok(Turn::Elsewhere),
+        Err(LockError::Backend(e)) => {
+            tracing::warn!(job = name, error = %e, "could not claim the tick");
+            return Ok(Turn::Failed);
+        }
+        Err(e) => return Err(e),
+    };
+    let run_opts = opts.max_hold(run_max).wait(ms_until(end));
+    let scheduled = UNIX_EPOCH + Duration::from_millis(duration_ms(start));
+    let turn = match locker.run(name, run_opts, job(scheduled)).await {
+        Ok(()) => Turn::Ran,
+        Err(LockError::Timeout { .. }) => Turn::Overrun,
+        Err(LockError::Lost { .. }) => Turn::Lost,
+        Err(LockError::Backend(e)) => {
+            tracing::warn!(job = name, error = %e, "could not lock the job");
+            Turn::Failed
+        }
+        Err(e) => return Err(e),
+    };
+    // Kept (min_hold) whatever happened: the tick was this instance's to run.
+    match claim.release().await {
+        Ok(()) | Err(LockError::Lost { .. }) => {}
+        Err(LockError::Backend(e)) => {
+            tracing::warn!(job = name, error = %e, "claim of the tick not released; its lease ends it");
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(turn)
+}
+
+fn log_turn(name: &str, start: u128, turn: Turn) {
+    let tick = start as u64;
+    match turn {
+        Turn::Ran => tracing::debug!(job = name, tick, "job ran"),
+        Turn::Elsewhere => tracing::trace!(job = name, tick, "job ran on another instance"),
+        Turn::Overrun => tracing::warn!(
+            job = name,
+            tick,
+            "tick skipped: the previous run still held the job when the tick ended; raise the \
+             tick or bound the job with max_hold"
+        ),
+        Turn::Lost => tracing::warn!(job = name, tick, "job cancelled: its lock was lost"),
+        Turn::Failed => {}
+    }
+}
+
+/// The first tick start at or after `now` (both Unix ms): the first tick [`every`] claims.
+fn next_tick(now: u128, tick_ms: u128) -> u128 {
+    now.div_ceil(tick_ms) * tick_ms
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+fn duration_ms(ms: u128) -> u64 {
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// From now until `at` (Unix ms), zero if past.
+fn ms_until(at: u128) -> Duration {
+    Duration::from_millis(duration_ms(at.saturating_sub(now_ms())))
+}
+
+/// Sleeps until the wall clock reads `at` (Unix ms).
+async fn sleep_until_ms(at: u128) {
+    for _ in 0..MAX_SLEEPS_PER_TICK {
+        let left = ms_until(at);
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(left).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_start_at_multiples_of_the_tick() {
+        assert_eq!(next_tick(0, 1000), 0);
+        assert_eq!(next_tick(1, 1000), 1000);
+        assert_eq!(next_tick(1000, 1000), 1000);
+        assert_eq!(next_tick(1_700_000_000_123, 60_000), 1_700_000_040_000);
+    }
+
+    #[tokio::test]
+    async fn refuses_settings_it_sets_itself() {
+        let locker = Locker::in_memory();
+        let ms = Duration::from_millis;
+        let job = |_| async {};
+        for (opts, tick) in [
+            (LockOptions::new(), Duration::ZERO),
+            (LockOptions::new().wait(ms(5)), ms(100)),
+            (LockOptions::new().min_hold(ms(5)), ms(100)),
+        ] {
+            let res = every(&locker, "job", tick, opts, job).await;
+            assert!(matches!(res, Err(LockError::Config(_))), "{res:?}");
+        }
+        let res = every(&locker, "", ms(100), LockOptions::new(), job).await;
+        assert!(matches!(res, Err(LockError::InvalidKey { .. })), "{res:?}");
+    }
+}

@@ -1,0 +1,214 @@
+//! `examples/scheduled_job.rs` as a fleet: three instances (OS processes) of the binary on one
+//! Redis run `lockrt::every` for 30 ticks. One is killed (SIGKILL) in the middle of a run; the
+//! other two are stopped with SIGTERM at the end. Checked from what they print: exactly one
+//! finished run per tick from the first to the last, the killed run's tick finished by another
+//! instance, no two runs at once (the killed one counted until the kill), no lost update of the
+//! racy counter the job keeps, and a graceful stop of the survivors.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lockrt::testing::RedisServer;
+use redis::AsyncCommands;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+const TICK_MS: u64 = 600;
+const TICKS: usize = 30;
+/// The run killed is one that starts after this many finished ticks.
+const KILL_AFTER: usize = 10;
+/// Bounds the whole run: 30 ticks plus start-up and a loaded machine.
+const LIMIT: Duration = Duration::from_secs(TICK_MS * TICKS as u64 / 1000 + 60);
+
+/// One line an instance printed: `start`/`end`, its tick, its wall-clock time.
+#[derive(Debug, Clone)]
+struct Event {
+    pid: u32,
+    what: String,
+    tick: u64,
+    at_us: u128,
+}
+
+fn parse(pid: u32, line: &str) -> Option<Event> {
+    let mut words = line.split_whitespace();
+    let what = words.next()?.to_owned();
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse::<u128>().ok())
+    };
+    Some(Event {
+        pid,
+        what,
+        tick: u64::try_from(field("tick")?).ok()?,
+        at_us: field("at_us")?,
+    })
+}
+
+fn now_us() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+fn start(redis: &RedisServer, lines: &mpsc::UnboundedSender<(u32, String)>) -> Child {
+    let mut cmd = Command::new(support::example_binary("scheduled_job"));
+    for var in lockrt::LockerConfig::ENV_VARS {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd
+        .env("REDIS_URL", redis.url())
+        .args(["--tick-ms", &TICK_MS.to_string()])
+        .args(["--work-ms", "100", "--ttl-ms", "200"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start scheduled_job");
+    let pid = child.id().expect("pid");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let lines = lines.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = out.next_line().await {
+            let _ = lines.send((pid, line));
+        }
+    });
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_run_each_tick_once_and_take_over_a_killed_run() {
+    let redis = RedisServer::start().expect("start redis-server");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut instances: Vec<Child> = (0..3).map(|_| start(&redis, &tx)).collect();
+    drop(tx);
+
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let mut events = Vec::new();
+    let mut ended = BTreeMap::<u64, u32>::new();
+    let mut killed: Option<(u32, u64, u128)> = None;
+    let mut stopped = Vec::new();
+    while ended.len() < TICKS {
+        let (pid, line) = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {TICKS} ticks ran within {LIMIT:?}", ended.len()))
+            .expect("instances still printing");
+        let Some(e) = parse(pid, &line) else {
+            continue;
+        };
+        if e.what == "start" && killed.is_none() && ended.len() >= KILL_AFTER {
+            let victim = instances
+                .iter_mut()
+                .find(|c| c.id() == Some(pid))
+                .expect("the instance that printed");
+            victim.start_kill().expect("SIGKILL");
+            killed = Some((pid, e.tick, now_us()));
+        }
+        if e.what == "end" {
+            *ended.entry(e.tick).or_default() += 1;
+        }
+        events.push(e);
+    }
+    // The survivors stop gracefully on SIGTERM.
+    let stop_at = now_us();
+    for child in &mut instances {
+        let Some(pid) = child.id() else { continue };
+        if killed.is_some_and(|(k, ..)| k == pid) {
+            continue;
+        }
+        let pid = rustix::process::Pid::from_raw(pid as i32).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+    }
+    for child in &mut instances {
+        let status = tokio::time::timeout_at(deadline, child.wait())
+            .await
+            .expect("instance exits")
+            .expect("wait");
+        stopped.push(status);
+    }
+    // What they printed while stopping.
+    while let Some((pid, line)) = rx.recv().await {
+        if line.starts_with("stopped") {
+            continue;
+        }
+        if let Some(e) = parse(pid, &line) {
+            if e.what == "end" {
+                *ended.entry(e.tick).or_default() += 1;
+            }
+            events.push(e);
+        }
+    }
+
+    let (victim, killed_tick, killed_at) = killed.expect("an instance was killed");
+    let runs: Vec<_> = events.iter().filter(|e| e.what == "end").collect();
+    eprintln!(
+        "{} runs over ticks {}..={}; instance {victim} killed in tick {killed_tick}; exits {stopped:?}",
+        runs.len(),
+        ended.keys().next().unwrap(),
+        ended.keys().last().unwrap()
+    );
+
+    // Exactly one finished run per tick, from the first to the last: none skipped, none twice.
+    let first = *ended.keys().next().unwrap();
+    let last = *ended.keys().last().unwrap();
+    let ticks = (last - first) / TICK_MS + 1;
+    for t in (first..=last).step_by(TICK_MS as usize) {
+        assert_eq!(
+            ended.get(&t),
+            Some(&1),
+            "tick {t}: {:?} finished runs",
+            ended.get(&t)
+        );
+    }
+    assert_eq!(runs.len() as u64, ticks, "one run per tick");
+    assert!(ticks >= TICKS as u64);
+
+    // The killed run was cut short, and its tick finished elsewhere.
+    assert!(
+        !runs
+            .iter()
+            .any(|e| e.pid == victim && e.tick == killed_tick),
+        "instance {victim} finished tick {killed_tick} before the kill reached it: not mid-run"
+    );
+    assert!(
+        runs.iter()
+            .any(|e| e.tick == killed_tick && e.pid != victim)
+    );
+
+    // No two runs at once: each run's interval, the killed one's until the kill.
+    let mut intervals: Vec<(u128, u128, u64, u32)> = events
+        .iter()
+        .filter(|e| e.what == "start")
+        .map(|s| {
+            let end = events
+                .iter()
+                .find(|e| e.what == "end" && e.pid == s.pid && e.tick == s.tick)
+                // Unfinished: the killed run until the kill, one the stop cancelled until then.
+                .map_or(if s.pid == victim { killed_at } else { stop_at }, |e| {
+                    e.at_us
+                });
+            (s.at_us, end, s.tick, s.pid)
+        })
+        .collect();
+    intervals.sort_unstable();
+    for w in intervals.windows(2) {
+        assert!(w[0].1 <= w[1].0, "runs overlap: {:?} and {:?}", w[0], w[1]);
+    }
+
+    // The racy counter saw every run: no update lost.
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let counted: u64 = conn.get("report:runs").await.unwrap();
+    assert_eq!(counted, runs.len() as u64, "lost updates");
+
+    // The survivors exited cleanly on SIGTERM (after `shutdown()`); the killed one did not.
+    let clean = stopped.iter().filter(|s| s.success()).count();
+    assert_eq!(clean, 2, "{stopped:?}");
+}
