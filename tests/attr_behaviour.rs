@@ -216,7 +216,7 @@ async fn loss_cancels_the_body_or_lets_it_finish_when_asked() {
         delete_when_started(&fx, "victim:cancel", rx)
     );
     assert!(
-        matches!(res, Err(LockError::Lost { ref key }) if key == "victim:cancel"),
+        matches!(res, Err(LockError::Lost { ref key, .. }) if key == "victim:cancel"),
         "{res:?}"
     );
     assert_eq!(
@@ -238,7 +238,7 @@ async fn loss_cancels_the_body_or_lets_it_finish_when_asked() {
     // ... and still reports the loss: a body that may have overlapped another holder never
     // comes back as plain success.
     assert!(
-        matches!(res, Err(LockError::Lost { ref key }) if key == "victim:continue"),
+        matches!(res, Err(LockError::Lost { ref key, .. }) if key == "victim:continue"),
         "{res:?}"
     );
 }

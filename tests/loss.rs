@@ -40,7 +40,7 @@ async fn lost_within_a_third_of_ttl(overwrite: bool) {
     let (res, tampered) = tokio::join!(run, tamper);
     let detected = tampered.elapsed();
     assert!(
-        matches!(res, Err(LockError::Lost { ref key }) if key == "victim"),
+        matches!(res, Err(LockError::Lost { ref key, .. }) if key == "victim"),
         "{res:?}"
     );
     assert!(

@@ -1,4 +1,6 @@
-//! lockrt's metrics (feature `metrics`), read back through a recording recorder.
+//! lockrt's metrics (feature `metrics`), read back through a recording recorder: the locks'
+//! life cycle in memory, and every kind of loss, timeout, failure and forced unlock against a
+//! real redis-server (the table in `lockrt/src/metrics.rs` and the README).
 
 use std::time::Duration;
 
@@ -35,14 +37,20 @@ fn gauge(snapshot: &[(String, DebugValue)], name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// One thread: the recorder is the thread's, and every task of the runtime (the watchdog's too)
+/// records into it.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn counters_histograms_and_gauges_follow_the_locks() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let held_during = metrics::with_local_recorder(&recorder, || {
         rt.block_on(async {
             let locker = Locker::in_memory();
@@ -125,4 +133,106 @@ fn counters_histograms_and_gauges_follow_the_locks() {
     let held = gauge(&during, "lockrt_held") + gauge(&after, "lockrt_held");
     let waiting = gauge(&during, "lockrt_waiting") + gauge(&after, "lockrt_waiting");
     assert_eq!((held, waiting), (0.0, 0.0), "{during:?} {after:?}");
+}
+
+/// What one `DebuggingRecorder` snapshot holds.
+type Snapshot = Vec<(
+    metrics_util::CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+)>;
+
+/// Counters by name and labels (`name{k=v}`), summed over snapshots.
+fn counters(snapshots: Vec<Snapshot>) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for (k, _, _, v) in snapshots.into_iter().flatten() {
+        let DebugValue::Counter(c) = v else { continue };
+        let labels: Vec<String> = k
+            .key()
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = if labels.is_empty() {
+            k.key().name().to_owned()
+        } else {
+            format!("{}{{{}}}", k.key().name(), labels.join(","))
+        };
+        *out.entry(name).or_default() += c;
+    }
+    out
+}
+
+#[test]
+fn every_loss_timeout_failure_and_forced_unlock_is_counted() {
+    let mut redis = lockrt::testing::RedisServer::start().expect("redis-server");
+    let url = redis.url();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = runtime();
+    let ms = Duration::from_millis;
+    let mut snapshots = Vec::new();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let connect = async || Locker::builder().url(&url).build().await.unwrap();
+            let (locker, operator) = (connect().await, connect().await);
+            let opts = LockOptions::new().ttl(ms(1_000));
+            let lost = async |g: &lockrt::LockGuard| {
+                tokio::time::timeout(Duration::from_secs(5), g.lost())
+                    .await
+                    .expect("declared lost");
+            };
+
+            let g = locker
+                .acquire("held-too-long", opts.max_hold(ms(100)))
+                .await
+                .unwrap();
+            lost(&g).await;
+            drop(g);
+            let g = locker
+                .acquire("fixed", opts.ttl(ms(200)).watchdog(false))
+                .await
+                .unwrap();
+            lost(&g).await;
+            drop(g);
+            let g = locker.acquire("forced", opts).await.unwrap();
+            assert!(operator.force_unlock("forced").await.unwrap());
+            lost(&g).await;
+            drop(g);
+            let busy = operator.acquire("busy", opts).await.unwrap();
+            let once = locker.acquire("busy", opts.wait(ms(0))).await;
+            assert!(once.unwrap_err().is_timeout());
+            busy.release().await.unwrap();
+
+            // The server goes away: the holder can't renew, the next acquire and the release
+            // fail.
+            let g = locker
+                .acquire("unreachable", opts.ttl(ms(600)))
+                .await
+                .unwrap();
+            redis.kill();
+            lost(&g).await;
+            let refused = locker.acquire("other", opts.wait(ms(0))).await;
+            assert!(refused.unwrap_err().is_backend());
+            let release = g.release().await;
+            assert!(release.unwrap_err().is_backend());
+            let g2 = operator.acquire("x", opts.wait(ms(0))).await;
+            assert!(g2.is_err());
+            snapshots.push(snapshotter.snapshot().into_vec());
+        })
+    });
+    let c = counters(snapshots);
+    eprintln!("{c:#?}");
+    for (name, want) in [
+        ("lockrt_lost_total{cause=max_hold}", 1),
+        ("lockrt_lost_total{cause=expired}", 1),
+        ("lockrt_lost_total{cause=force_unlocked}", 1),
+        ("lockrt_lost_total{cause=unreachable}", 1),
+        ("lockrt_force_unlocks_total", 1),
+        ("lockrt_timeouts_total", 1),
+        ("lockrt_acquire_failures_total", 2),
+        ("lockrt_release_failures_total", 1),
+    ] {
+        assert_eq!(c.get(name).copied().unwrap_or(0), want, "{name}: {c:#?}");
+    }
 }

@@ -1,5 +1,7 @@
 //! The `lock` span wraps acquisition and body, and a timeout is an event inside it, whichever
-//! order `#[instrument]` and `#[distributed_lock]` are written in.
+//! order `#[instrument]` and `#[distributed_lock]` are written in; the log reads well: plain
+//! durations, the outcome as an event at its level, a busy `wait = 0s` attempt at DEBUG, and a
+//! section ended by shutdown or a forced unlock says so.
 
 mod support;
 
@@ -54,9 +56,99 @@ fn a_timeout_is_an_event_in_the_lock_span_in_both_orders() {
         );
         let timeout = out
             .lines()
-            .find(|l| l.contains("lock wait elapsed"))
+            .find(|l| l.contains("lock busy (wait 0s)"))
             .unwrap_or_else(|| panic!("{order}: no timeout event:\n{out}"));
-        assert!(timeout.contains(" INFO "), "{order}: {timeout}");
+        assert!(timeout.contains("DEBUG"), "{order}: {timeout}");
         assert!(timeout.contains("lock{key=\"job:7\""), "{order}: {timeout}");
+    }
+}
+
+/// The line of `out` containing `needle`, or a panic that shows `out`.
+fn line<'a>(out: &'a str, needle: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{out}"))
+}
+
+#[test]
+fn the_log_names_durations_outcomes_and_causes_plainly() {
+    let redis = lockrt::testing::RedisServer::start().expect("redis-server");
+    let url = redis.url();
+    let mut errors = Vec::new();
+    let out = logged(async || {
+        let connect = async || Locker::builder().url(&url).build().await.unwrap();
+        let (locker, other) = (connect().await, connect().await);
+        let ms = std::time::Duration::from_millis;
+        let opts = LockOptions::new().ttl(ms(10_000));
+
+        locker.run("a", opts.wait(ms(0)), async {}).await.unwrap();
+
+        // Busy: one attempt (DEBUG), then a real wait (INFO).
+        let held = other.acquire("b", opts).await.unwrap();
+        let once = locker.run("b", opts.wait(ms(0)), async {}).await;
+        assert!(once.unwrap_err().is_timeout());
+        let waited = locker.run("b", opts.wait(ms(50)), async {}).await;
+        assert!(waited.unwrap_err().is_timeout());
+        held.release().await.unwrap();
+
+        // Force-unlocked by an operator mid-section.
+        let (entered, inside) = tokio::sync::oneshot::channel();
+        let section = locker.run("c", opts, async move {
+            entered.send(()).unwrap();
+            std::future::pending::<()>().await
+        });
+        let forced = async {
+            inside.await.unwrap();
+            assert!(other.force_unlock("c").await.unwrap());
+        };
+        let (res, ()) = tokio::join!(section, forced);
+        errors.push(res.unwrap_err().to_string());
+
+        // Ended by shutdown mid-section.
+        let (entered, inside) = tokio::sync::oneshot::channel();
+        let section = locker.run("d", opts, async move {
+            entered.send(()).unwrap();
+            std::future::pending::<()>().await
+        });
+        let stop = async {
+            inside.await.unwrap();
+            locker.shutdown().await;
+        };
+        let (res, ()) = tokio::join!(section, stop);
+        errors.push(res.unwrap_err().to_string());
+        other.shutdown().await;
+    });
+    eprintln!("{out}");
+
+    let released = line(&out, "lock section ended outcome=\"released\"");
+    assert!(released.contains("DEBUG"), "{released}");
+    assert!(
+        released.contains("ttl=10s wait=0s"),
+        "plain durations: {released}"
+    );
+    assert!(!out.contains("Some("), "Option debug output in the log");
+    assert!(line(&out, "lock busy (wait 0s)").contains("DEBUG"));
+    let elapsed = line(&out, "lock wait elapsed");
+    assert!(
+        elapsed.contains(" INFO ") && elapsed.contains("wait=50ms"),
+        "{elapsed}"
+    );
+
+    let forced = line(&out, "an operator force-unlocked the lock");
+    assert!(
+        forced.contains(" WARN ") && forced.contains("cause=\"force_unlocked\""),
+        "{forced}"
+    );
+    let shut = line(&out, "lock section ended by the locker's shutdown");
+    assert!(shut.contains(" INFO "), "{shut}");
+    assert!(
+        !out.contains("reachability"),
+        "no section here lost Redis:\n{out}"
+    );
+
+    assert!(errors[0].contains("force-unlocked"), "{}", errors[0]);
+    assert!(errors[1].contains("shut down"), "{}", errors[1]);
+    for e in &errors {
+        assert!(!e.contains("reachability"), "{e}");
     }
 }

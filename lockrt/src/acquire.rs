@@ -362,6 +362,7 @@ impl<'a> Acquisition<'a> {
     }
 
     fn failed(&self, e: BackendError) -> LockError {
+        crate::metrics::acquire_failed();
         tracing::warn!(key = ?&*self.key.user, error = %e, "acquire failed");
         e.into()
     }
@@ -471,7 +472,7 @@ impl<'a> Acquisition<'a> {
             .is_some_and(|m| m.add(info.clone(), taken.sent, taken.lease));
         if !watched {
             // Nobody can renew it (no runtime left): don't pretend to hold.
-            info.lost.cancel();
+            info.end_by_shutdown();
         }
         entry.set_holder(Owner::current(), &info);
         self.locker.note_held();
@@ -499,8 +500,15 @@ impl<'a> Acquisition<'a> {
 
     fn timeout(&self, why: &str) -> LockError {
         crate::metrics::timed_out();
-        // INFO: a busy lock is an ordinary outcome, but one an operator wants to see.
-        tracing::info!(key = ?&*self.key.user, waited_ms = self.start.elapsed().as_millis() as u64, why, "lock wait elapsed");
+        let waited_ms = self.start.elapsed().as_millis() as u64;
+        if self.terms.wait == Wait::For(Duration::ZERO) {
+            // One attempt that found the lock busy: what a fleet of job instances does each
+            // tick, not worth a line at INFO.
+            tracing::debug!(key = ?&*self.key.user, why, "lock busy (wait 0s)");
+        } else {
+            // INFO: a busy lock is an ordinary outcome, but one an operator wants to see.
+            tracing::info!(key = ?&*self.key.user, waited_ms, why, "lock wait elapsed");
+        }
         LockError::Timeout {
             key: self.key.user.to_string(),
             waited: self.start.elapsed(),

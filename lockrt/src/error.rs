@@ -36,14 +36,16 @@ pub enum LockError {
         /// How long the caller waited.
         waited: Duration,
     },
-    /// The lease ran out or was taken over while the critical section ran.
+    /// The lock stopped being held while the critical section ran: see [`LossCause`].
     #[error(
-        "lock `{key}` was lost while held (lease expired or taken over); the critical section \
-         was stopped or must not commit its effects; check Redis reachability and `ttl`"
+        "lock `{key}` was lost while held: {cause}; the critical section was stopped or must \
+         not commit its effects"
     )]
     Lost {
         /// The lock's key, as given by the caller.
         key: String,
+        /// Why: the lease ran out, an operator force-unlocked it, shutdown ended it, ...
+        cause: LossCause,
     },
     /// Redis could not be reached or answered with an error.
     #[error(transparent)]
@@ -97,7 +99,8 @@ impl LockError {
     ///
     /// ```
     /// # use lockrt::LockError;
-    /// assert!(LockError::Lost { key: "k".into() }.is_lost());
+    /// use lockrt::LossCause;
+    /// assert!(LockError::Lost { key: "k".into(), cause: LossCause::Expired }.is_lost());
     /// ```
     pub fn is_lost(&self) -> bool {
         matches!(self, LockError::Lost { .. })
@@ -111,6 +114,57 @@ impl LockError {
     /// ```
     pub fn is_backend(&self) -> bool {
         matches!(self, LockError::Backend(_))
+    }
+}
+
+/// Why a held lock was lost ([`LockError::Lost`]), each with what to do about it.
+///
+/// ```
+/// use lockrt::{LockError, LossCause};
+///
+/// let e = LockError::Lost { key: "job".into(), cause: LossCause::ShutDown };
+/// assert!(e.to_string().contains("shut down"));
+/// assert!(!e.to_string().contains("reachability"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LossCause {
+    /// The lease expired or another owner holds the lock (a renewal or the release found it
+    /// so), e.g. after the process stalled past `ttl` or the server lost its data.
+    #[error(
+        "the lease expired or another owner took it; check Redis reachability, process \
+         stalls and `ttl`"
+    )]
+    Expired,
+    /// No renewal succeeded before the lease's deadline (the server did not answer).
+    #[error("no renewal reached Redis before the lease ran out; check Redis reachability")]
+    Unreachable,
+    /// Held for `max_hold`: the watchdog stopped renewing, as asked.
+    #[error("held for its `max_hold`; raise `max_hold` or shorten the critical section")]
+    MaxHold,
+    /// An operator ended it (`Locker::force_unlock`, `lockctl unlock --force`).
+    #[error("an operator force-unlocked it (Locker::force_unlock or lockctl unlock --force)")]
+    ForceUnlocked,
+    /// [`Locker::shutdown`](crate::Locker::shutdown) ended it: the process is stopping.
+    #[error("the locker was shut down (the process is stopping)")]
+    ShutDown,
+}
+
+impl LossCause {
+    /// A short name for logs and metric labels: `expired`, `unreachable`, `max_hold`,
+    /// `force_unlocked`, `shut_down`.
+    ///
+    /// ```
+    /// assert_eq!(lockrt::LossCause::MaxHold.as_str(), "max_hold");
+    /// ```
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LossCause::Expired => "expired",
+            LossCause::Unreachable => "unreachable",
+            LossCause::MaxHold => "max_hold",
+            LossCause::ForceUnlocked => "force_unlocked",
+            LossCause::ShutDown => "shut_down",
+        }
     }
 }
 
@@ -195,6 +249,15 @@ impl fmt::Debug for BackendError {
 }
 
 impl std::error::Error for BackendError {}
+
+/// Renders a `wait` for logs: `0s`, `1.5s`, `forever`.
+pub(crate) fn fmt_wait(w: crate::options::Wait) -> String {
+    match w {
+        crate::options::Wait::For(d) if d.is_zero() => "0s".to_owned(),
+        crate::options::Wait::For(d) => fmt_duration(d),
+        crate::options::Wait::Forever => "forever".to_owned(),
+    }
+}
 
 /// Renders `1.5s`, `300ms`, `2m` for messages.
 pub(crate) fn fmt_duration(d: Duration) -> String {

@@ -148,9 +148,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), LockError> {
         match self.release.run().await {
             Ok(Released::Freed | Released::HandedOver) => Ok(()),
-            Ok(Released::NotOwner) => Err(LockError::Lost {
-                key: self.info.key.user.to_string(),
-            }),
+            Ok(Released::NotOwner) => Err(self.info.lost_error()),
             Err(e) => Err(e.into()),
         }
     }
@@ -215,14 +213,32 @@ impl Release {
         if matches!(res, Ok(Released::Freed)) {
             self.locker.wake(&self.info.key.tag);
         }
+        // Released past its local deadline: the holder could not vouch for the lock at the
+        // end (the monitor may not have looked yet), which is a loss too.
+        if let Some(cause) = self.info.past_deadline(tokio::time::Instant::now()) {
+            crate::lease::declare_lost(&self.info, cause);
+        }
         match res {
             Ok(Released::Freed | Released::HandedOver) => {
                 crate::metrics::released(self.info.acquired_at.elapsed())
             }
-            Ok(Released::NotOwner) => crate::lease::declare_lost(&self.info, LOST_AT_RELEASE),
-            Err(_) => {}
+            // The cause found before (a forced unlock, the deadline), if any, stands.
+            Ok(Released::NotOwner) => {
+                let cause = match self.info.loss_cause() {
+                    crate::error::LossCause::ShutDown => crate::error::LossCause::Expired,
+                    cause => cause,
+                };
+                crate::lease::declare_lost(&self.info, cause)
+            }
+            Err(_) => crate::metrics::release_failed(),
         }
-        tracing::debug!(key = ?&*self.info.key.user, released = ?res.as_ref().ok(), "release");
+        let outcome = match &res {
+            Ok(Released::Freed) => "freed",
+            Ok(Released::HandedOver) => "handed over",
+            Ok(Released::NotOwner) => "not ours any more",
+            Err(_) => "failed",
+        };
+        tracing::debug!(key = ?&*self.info.key.user, outcome, "release");
         self.finish();
         res
     }
@@ -278,10 +294,6 @@ impl Drop for Release {
         );
     }
 }
-
-/// Why a release that found the lock not ours is a loss.
-const LOST_AT_RELEASE: &str = "the release found the lock gone or held by another owner \
-     (expired, force-unlocked, or lost by a server restart or failover)";
 
 /// The lock held by the current critical section, from [`current_lock`](crate::current_lock).
 ///

@@ -125,6 +125,7 @@ impl Locker {
         let key = LockKey::new(self.prefix(), key)?;
         let freed = self.backend().force_release(&key).await?;
         if freed {
+            crate::metrics::force_unlocked();
             self.wake(&key.tag);
         }
         Ok(freed)

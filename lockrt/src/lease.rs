@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
 use crate::backend::contract::{Released, Token, holder_fence};
-use crate::error::BackendError;
+use crate::error::{BackendError, LockError, LossCause};
 use crate::key::LockKey;
 use crate::retry::Backoff;
 
@@ -58,6 +58,8 @@ pub(crate) struct LeaseInfo {
     pub(crate) released: std::sync::atomic::AtomicBool,
     /// The loss was logged and counted (once, by whoever found it first).
     loss_reported: std::sync::atomic::AtomicBool,
+    /// Why the lease was lost or ended early: the first cause found.
+    cause: OnceLock<LossCause>,
     /// The local deadline; moved forward by each successful renewal.
     deadline: Mutex<Instant>,
     /// The holder's place in its locker's queue for the key: given up at loss, so local
@@ -238,6 +240,7 @@ impl LeaseInfo {
             lost: CancellationToken::new(),
             released: std::sync::atomic::AtomicBool::new(false),
             loss_reported: std::sync::atomic::AtomicBool::new(false),
+            cause: OnceLock::new(),
             deadline: Mutex::new(deadline_of(n.sent, n.lease, n.safety, hold_until)),
             turn: Mutex::new(Some(turn)),
             counter: n.counter,
@@ -333,16 +336,54 @@ fn deadline_of(
 
 /// Marks the lease lost; the first to find a lease lost (the monitor, a release, shutdown)
 /// logs it at WARN and counts it, so operators see every loss exactly once.
-pub(crate) fn declare_lost(info: &LeaseInfo, why: &str) {
+pub(crate) fn declare_lost(info: &LeaseInfo, cause: LossCause) {
+    let _ = info.cause.set(cause);
     if !info
         .loss_reported
         .swap(true, std::sync::atomic::Ordering::AcqRel)
     {
-        crate::metrics::lost();
-        tracing::warn!(key = ?&*info.key.user, reason = why, "lock lost");
+        crate::metrics::lost(cause);
+        tracing::warn!(key = ?&*info.key.user, cause = %cause, "lock lost");
     }
     info.lost.cancel();
     info.leave_turn();
+}
+
+impl LeaseInfo {
+    /// Ends the lease because the locker shuts down or its runtime is gone: nothing renews it
+    /// any more. Not a loss to report; sections end with [`LossCause::ShutDown`].
+    pub(crate) fn end_by_shutdown(&self) {
+        let _ = self.cause.set(LossCause::ShutDown);
+        self.lost.cancel();
+    }
+
+    /// Why the lease counts as lost at `now` because its local deadline has passed, if it has:
+    /// `max_hold` reached, a fixed lease (`watchdog = false`) run out, or no renewal in time.
+    pub(crate) fn past_deadline(&self, now: Instant) -> Option<LossCause> {
+        if self.deadline() > now {
+            None
+        } else if self.hold_until.is_some_and(|h| h <= now) {
+            Some(LossCause::MaxHold)
+        } else if self.watchdog {
+            Some(LossCause::Unreachable)
+        } else {
+            Some(LossCause::Expired)
+        }
+    }
+
+    /// Why the lease was lost: the first cause found ([`LossCause::Expired`] when none was
+    /// recorded, e.g. a release that found another owner).
+    pub(crate) fn loss_cause(&self) -> LossCause {
+        self.cause.get().copied().unwrap_or(LossCause::Expired)
+    }
+
+    /// The error of a section or release that found this lease lost.
+    pub(crate) fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            key: self.key.user.to_string(),
+            cause: self.loss_cause(),
+        }
+    }
 }
 
 /// Ends a lease in Redis: with `min_hold` not yet reached the lock is kept (owner-checked)

@@ -110,7 +110,7 @@ pub mod __private;
 pub use builder::LockerBuilder;
 pub use config::LockerConfig;
 pub use context::{current_lock, default_locker, set_default};
-pub use error::{BackendError, FromLockError, LockError};
+pub use error::{BackendError, FromLockError, LockError, LossCause};
 pub use guard::{HeldLock, LockGuard};
 pub use inspect::{LockInfo, MAX_LISTED};
 pub use job::every;

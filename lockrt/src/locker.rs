@@ -302,7 +302,7 @@ impl Locker {
         let released = leases.len();
         for lease in leases {
             // The lease stops protecting anything now, whatever the server says.
-            lease.lost.cancel();
+            lease.end_by_shutdown();
             // Tracked tasks, not futures of this call: a shutdown cut short (called from
             // inside a section whose lease this cancels) or a second caller still leaves them
             // to finish, and waits for them below.
@@ -342,14 +342,16 @@ impl Locker {
                 self.wake(&lease.key.tag);
             }
             // Not ours any more: a loss, which the guard's own release reports too.
-            Ok(Ok(Released::NotOwner)) => crate::lease::declare_lost(
-                lease,
-                "shutdown found the lock gone or held by another owner",
-            ),
+            // Found not ours: lost before the shutdown, whatever it ended.
+            Ok(Ok(Released::NotOwner)) => {
+                crate::lease::declare_lost(lease, crate::error::LossCause::Expired)
+            }
             Ok(Err(e)) => {
+                crate::metrics::release_failed();
                 tracing::warn!(key = ?&*lease.key.user, error = %e, "shutdown could not release the lock; its lease will expire")
             }
             Err(_) => {
+                crate::metrics::release_failed();
                 tracing::warn!(key = ?&*lease.key.user, bound_ms = bound.as_millis() as u64, "shutdown gave up waiting for a release; the lock's lease will expire")
             }
         }

@@ -1,13 +1,17 @@
 //! Metrics through the `metrics` facade (feature `metrics`): the application installs the
 //! exporter (Prometheus, OpenTelemetry, ...). Without the feature every function here is an
-//! empty inline fn. Names (no labels: lock keys would make unbounded label values):
+//! empty inline fn. Names (the one label, `cause`, has five values; lock keys are never
+//! labels, they would make unbounded label values):
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
 //! | `lockrt_acquired_total` | counter | locks taken (`acquire`, `run`, the attribute) |
-//! | `lockrt_timeouts_total` | counter | acquisitions whose `wait` elapsed |
-//! | `lockrt_lost_total` | counter | leases lost while held |
+//! | `lockrt_timeouts_total` | counter | acquisitions whose `wait` elapsed (a `wait = 0` attempt that found the lock busy too) |
+//! | `lockrt_acquire_failures_total` | counter | acquisitions that failed on the lock server (unreachable, refused); the body never ran |
+//! | `lockrt_lost_total` | counter | leases lost while held, once each wherever found (a renewal, the deadline, the release), by `cause`: `expired`, `unreachable`, `max_hold`, `force_unlocked` |
+//! | `lockrt_force_unlocks_total` | counter | locks this locker force-unlocked (`Locker::force_unlock`, `lockctl unlock --force`) |
 //! | `lockrt_released_total` | counter | locks released |
+//! | `lockrt_release_failures_total` | counter | releases that failed on the lock server (the lease ends the lock) |
 //! | `lockrt_renewal_failures_total` | counter | renewals that failed (retried within the deadline) |
 //! | `lockrt_wait_seconds` | histogram | time from the call to holding the lock |
 //! | `lockrt_hold_seconds` | histogram | time from holding to release |
@@ -49,8 +53,12 @@ mod imp {
         metrics::counter!("lockrt_timeouts_total").increment(1);
     }
 
-    pub(crate) fn lost() {
-        metrics::counter!("lockrt_lost_total").increment(1);
+    pub(crate) fn lost(cause: &'static str) {
+        metrics::counter!("lockrt_lost_total", "cause" => cause).increment(1);
+    }
+
+    pub(crate) fn count(name: &'static str) {
+        metrics::counter!(name).increment(1);
     }
 
     pub(crate) fn renewal_failed(leases: usize) {
@@ -79,7 +87,9 @@ mod imp {
     #[inline]
     pub(crate) fn timed_out() {}
     #[inline]
-    pub(crate) fn lost() {}
+    pub(crate) fn lost(_: &'static str) {}
+    #[inline]
+    pub(crate) fn count(_: &'static str) {}
     #[inline]
     pub(crate) fn renewal_failed(_: usize) {}
     #[inline]
@@ -117,8 +127,23 @@ pub(crate) fn timed_out() {
 }
 
 /// A lease was lost while held.
-pub(crate) fn lost() {
-    imp::lost();
+pub(crate) fn lost(cause: crate::error::LossCause) {
+    imp::lost(cause.as_str());
+}
+
+/// An acquisition failed on the lock server.
+pub(crate) fn acquire_failed() {
+    imp::count("lockrt_acquire_failures_total");
+}
+
+/// A release failed on the lock server.
+pub(crate) fn release_failed() {
+    imp::count("lockrt_release_failures_total");
+}
+
+/// This locker force-unlocked a lock.
+pub(crate) fn force_unlocked() {
+    imp::count("lockrt_force_unlocks_total");
 }
 
 /// Renewals of `leases` leases failed (they are retried).

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use crate::backend::Backend;
 use crate::backend::contract::{Holders, Renewal, Renewed};
 use crate::backend::redis::pubsub::Subscriber;
+use crate::error::LossCause;
 use crate::lease::{LeaseInfo, declare_lost};
 use crate::renewal::{State, batches, hedge_time};
 
@@ -44,9 +45,6 @@ struct Shared {
     /// Where revocations are heard (Redis).
     subscriber: Option<Subscriber>,
 }
-
-/// Why a forced unlock's holder lost its lease.
-const FORCED: &str = "force-unlocked (Locker::force_unlock, lockctl unlock --force)";
 
 impl Shared {
     /// The leases held with `token`: checked with an owner-checked renewal at once, or, when
@@ -65,6 +63,7 @@ impl Shared {
             if trusted || !st.info.watchdog {
                 lost.push(*id);
             } else {
+                st.revoke_heard = true;
                 st.check_now(now);
             }
         }
@@ -81,7 +80,7 @@ impl Shared {
         }
         for id in lost {
             if let Some(st) = t.leases.remove(&id) {
-                declare_lost(&st.info, FORCED);
+                declare_lost(&st.info, LossCause::ForceUnlocked);
             }
         }
         t.next_scan = Some(now);
@@ -192,9 +191,10 @@ impl Monitor {
         }
         if let Some(trusted) = revoked_before(&mut t, &st.info) {
             if trusted || !st.info.watchdog {
-                declare_lost(&st.info, FORCED);
+                declare_lost(&st.info, LossCause::ForceUnlocked);
                 return true;
             }
+            st.revoke_heard = true;
             st.check_now(Instant::now());
         }
         let due = st.due();
@@ -249,7 +249,7 @@ impl Drop for Closer {
         let mut t = self.0.table();
         t.closed = true;
         for st in t.leases.values() {
-            st.info.lost.cancel();
+            st.info.end_by_shutdown();
             st.info.leave_turn();
         }
         t.leases.clear();
@@ -291,13 +291,8 @@ fn scan(t: &mut Table) -> Option<(Vec<Arc<LeaseInfo>>, Instant)> {
     let now = Instant::now();
     let mut due: Vec<Arc<LeaseInfo>> = Vec::new();
     t.leases.retain(|_, st| {
-        if st.info.deadline() <= now {
-            let why = if st.info.hold_until.is_some_and(|h| h <= now) {
-                "held for max_hold; the watchdog stopped"
-            } else {
-                "no successful renewal before the lease deadline"
-            };
-            declare_lost(&st.info, why);
+        if let Some(cause) = st.info.past_deadline(now) {
+            declare_lost(&st.info, cause);
             return false;
         }
         if st.renews() && st.next_renew <= now + st.window {
@@ -362,7 +357,12 @@ fn apply_outcome(t: &mut Table, ids: &[u64], sent: Instant, res: Vec<Renewed>) {
                 }
             }
             Ok(false) => {
-                declare_lost(&st.info, "the lock is held by another owner or expired");
+                let cause = if st.revoke_heard {
+                    LossCause::ForceUnlocked
+                } else {
+                    LossCause::Expired
+                };
+                declare_lost(&st.info, cause);
                 t.leases.remove(id);
             }
             // Only the leases whose renewal failed wait for a retry (per key, per slot).

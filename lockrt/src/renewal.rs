@@ -31,6 +31,9 @@ pub(crate) struct State {
     pub(crate) recheck: bool,
     /// Renewals failed in a row, for the retry backoff.
     pub(crate) failures: u32,
+    /// A forced unlock of this lease was announced: a check that finds it gone names that
+    /// as the cause.
+    pub(crate) revoke_heard: bool,
     /// The locker listens for this lease's revocation while it is watched.
     _revocable: Option<Held>,
 }
@@ -49,6 +52,7 @@ impl State {
             in_flight: false,
             recheck: false,
             failures: 0,
+            revoke_heard: false,
             _revocable: revocable,
         };
         st.runs(sent, lease);

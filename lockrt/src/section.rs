@@ -17,11 +17,11 @@ use tracing::Instrument;
 
 use crate::backend::contract::Released;
 use crate::context;
-use crate::error::LockError;
+use crate::error::{LockError, LossCause, fmt_duration, fmt_wait};
 use crate::guard::HeldLock;
 use crate::lease::LeaseInfo;
 use crate::locker::Locker;
-use crate::options::{LockOptions, OnLost};
+use crate::options::{LockOptions, OnLost, Terms};
 
 /// A critical section's output with whether the lock was held from its start to its end,
 /// from [`Locker::run_checked`].
@@ -40,6 +40,7 @@ pub struct Checked<T> {
     output: T,
     lost: bool,
     key: String,
+    cause: LossCause,
 }
 
 impl<T> Checked<T> {
@@ -82,7 +83,10 @@ impl<T> Checked<T> {
     /// ```
     pub fn into_result(self) -> Result<T, LockError> {
         if self.lost {
-            Err(LockError::Lost { key: self.key })
+            Err(LockError::Lost {
+                key: self.key,
+                cause: self.cause,
+            })
         } else {
             Ok(self.output)
         }
@@ -147,23 +151,43 @@ impl Locker {
         self.traced(key.as_ref(), opts, Box::pin(fut)).await
     }
 
-    /// The section inside its `lock` span, with the outcome recorded on it.
+    /// The section inside its `lock` span, with the outcome recorded on it and logged as an
+    /// event (an elapsed wait and a failed acquisition are logged where they happen).
     async fn traced<F: Future>(
         &self,
         key: &str,
         opts: LockOptions,
         fut: Pin<Box<F>>,
     ) -> Result<Checked<F::Output>, LockError> {
-        let span = section_span(key, &opts);
+        let span = section_span(key, &opts.resolve(&self.defaults()));
         let res = self.section(key, opts, fut).instrument(span.clone()).await;
-        let outcome = match &res {
-            Ok(c) if c.lost => "lost",
-            Ok(_) => "released",
-            Err(LockError::Timeout { .. }) => "timeout",
-            Err(LockError::Lost { .. }) => "lost",
-            Err(_) => "error",
+        let (outcome, cause) = match &res {
+            Ok(c) if c.lost => ("lost", Some(c.cause)),
+            Ok(_) => ("released", None),
+            Err(LockError::Timeout { .. }) => ("timeout", None),
+            Err(LockError::Lost { cause, .. }) => ("lost", Some(*cause)),
+            Err(_) => ("error", None),
         };
         span.record("outcome", outcome);
+        if let Some(cause) = cause {
+            span.record("cause", cause.as_str());
+        }
+        let _in = span.enter();
+        match cause {
+            None if outcome == "released" => tracing::debug!(outcome, "lock section ended"),
+            None => {}
+            Some(LossCause::ShutDown) => {
+                tracing::info!(outcome, "lock section ended by the locker's shutdown")
+            }
+            Some(LossCause::ForceUnlocked) => {
+                tracing::warn!(
+                    outcome,
+                    "lock section ended: an operator force-unlocked the lock"
+                )
+            }
+            Some(cause) => tracing::warn!(outcome, cause = %cause, "lock section ended: lock lost"),
+        }
+        drop(_in);
         res
     }
 
@@ -173,16 +197,17 @@ impl Locker {
         opts: LockOptions,
         fut: Pin<Box<F>>,
     ) -> Result<Checked<F::Output>, LockError> {
-        let checked = |(output, lost)| Checked {
+        let checked = |(output, lost), lease: &LeaseInfo| Checked {
             output,
             lost,
             key: key.to_owned(),
+            cause: lease.loss_cause(),
         };
         if let Some(outer) = context::held(self.inner.id, key) {
             // Reentrant: protected by the outer section's lease, and only while it lasts.
             return guarded(key, &outer.lease, opts.on_lost, fut)
                 .await
-                .map(checked);
+                .map(|r| checked(r, &outer.lease));
         }
         let started = tokio::time::Instant::now();
         let guard = self.acquire(key, opts).await?;
@@ -214,7 +239,7 @@ impl Locker {
             // The body's result stands whatever the release says.
             tracing::warn!(key = ?key, error = %e, "release after the critical section failed");
         }
-        Ok(checked((output, lost)))
+        Ok(checked((output, lost), &lease))
     }
 }
 
@@ -233,16 +258,17 @@ impl Locker {
 /// fence, whether the lock came by local hand-off, the time waited and the outcome (`released`, `lost`, `timeout`, `error`). Events of
 /// the body and of lockrt itself are inside it, whatever order `#[instrument]` and
 /// `#[distributed_lock]` are written in.
-fn section_span(key: &str, opts: &LockOptions) -> tracing::Span {
+fn section_span(key: &str, terms: &Terms) -> tracing::Span {
     tracing::info_span!(
         "lock",
         key = ?key,
-        ttl = ?opts.ttl,
-        wait = ?opts.wait,
+        ttl = %fmt_duration(terms.ttl),
+        wait = %fmt_wait(terms.wait),
         fence = tracing::field::Empty,
         local_handoff = tracing::field::Empty,
         waited_ms = tracing::field::Empty,
         outcome = tracing::field::Empty,
+        cause = tracing::field::Empty,
     )
 }
 
@@ -263,9 +289,7 @@ async fn guarded<F: Future>(
             lost = true;
             if on_lost == OnLost::Cancel {
                 // `body` is dropped with this future, before anything else runs.
-                return Poll::Ready(Err(LockError::Lost {
-                    key: key.to_owned(),
-                }));
+                return Poll::Ready(Err(lease.lost_error()));
             }
             tracing::warn!(key = ?key, "lock lost while its critical section runs; continuing as asked (on_lost = continue)");
         }

@@ -70,14 +70,14 @@ fn answer(e: &LockError) -> Answer {
     }
 }
 
-/// Says in the log what the client is not told; a busy lock is expected and the runtime has
-/// already reported an unreachable server or a loss.
+/// Says in the log what the client is not told: at DEBUG what the runtime has logged already
+/// (a busy lock, an unreachable server, a loss, shutdown), at ERROR a mistake in the service.
 fn log(e: &LockError) {
     match e {
-        LockError::Timeout { .. } | LockError::Backend(_) | LockError::ShutDown => {
-            tracing::debug!(error = %e, "lock failure answered")
-        }
-        LockError::Lost { .. } => tracing::warn!(error = %e, "lock failure answered"),
+        LockError::Timeout { .. }
+        | LockError::Backend(_)
+        | LockError::ShutDown
+        | LockError::Lost { .. } => tracing::debug!(error = %e, "lock failure answered"),
         _ => tracing::error!(error = %e, "lock failure answered"),
     }
 }
@@ -166,6 +166,7 @@ mod tests {
             LockError::ShutDown,
             LockError::Lost {
                 key: "user:<script>".into(),
+                cause: crate::error::LossCause::Expired,
             },
             LockError::NoDefaultLocker,
         ]
