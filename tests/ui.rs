@@ -22,6 +22,8 @@ mod free_fns;
 mod generics;
 #[path = "ui/pass/methods.rs"]
 mod methods;
+#[path = "ui/pass/multi_keys.rs"]
+mod multi_keys;
 
 /// One test, so the process-wide default locker (used by the cases without `locker = ...`) is
 /// installed once and not swapped by a test running in parallel.
@@ -35,4 +37,5 @@ async fn every_supported_shape_compiles_and_runs() {
     bodies::run(&locker).await;
     durations::run(&locker).await;
     axum_handler::run(&locker).await;
+    multi_keys::run(&locker).await;
 }

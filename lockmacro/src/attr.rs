@@ -37,6 +37,14 @@ const ARGS: &[ArgSpec] = &[
         },
     },
     ArgSpec {
+        name: "keys",
+        example: "keys = [\"acct:{from}\", \"acct:{to}\"]",
+        parse: |spec, input, found| {
+            found.keys = Some(keys(spec, input)?);
+            Ok(())
+        },
+    },
+    ArgSpec {
         name: "ttl",
         example: "ttl = \"30s\", or a `Duration` expression such as ttl = TTL",
         parse: |spec, input, found| {
@@ -106,8 +114,14 @@ const ARGS: &[ArgSpec] = &[
 
 /// The attribute's arguments, validated.
 pub(crate) struct Args {
-    pub(crate) key: LitStr,
+    pub(crate) key: Keys,
     pub(crate) options: Options,
+}
+
+/// `key = "..."`, or `keys = [...]` (all of them or none, `Locker::run_all`).
+pub(crate) enum Keys {
+    One(LitStr),
+    All(Vec<LitStr>),
 }
 
 /// Everything but the key; `None` = not given (the locker's default applies).
@@ -147,6 +161,7 @@ pub(crate) enum OnLostArg {
 #[derive(Default)]
 struct Found {
     key: Option<LitStr>,
+    keys: Option<Vec<LitStr>>,
     options: Options,
 }
 
@@ -179,12 +194,23 @@ impl Parse for Args {
                 input.parse::<Token![,]>()?;
             }
         }
-        let Some(key) = found.key else {
-            return Err(syn::Error::new(
-                Span::call_site(),
-                "missing `key`: say what the lock protects, e.g. \
-                 #[distributed_lock(key = \"stock:{id}\")]",
-            ));
+        let key = match (found.key, found.keys) {
+            (Some(key), None) => Keys::One(key),
+            (None, Some(keys)) => Keys::All(keys),
+            (Some(key), Some(_)) => {
+                return Err(syn::Error::new(
+                    key.span(),
+                    "give `key` or `keys`, not both: `keys = [\"a:{x}\", \"b:{y}\"]` locks \
+                     all of them",
+                ));
+            }
+            (None, None) => {
+                return Err(syn::Error::new(
+                    Span::call_site(),
+                    "missing `key`: say what the lock protects, e.g. \
+                     #[distributed_lock(key = \"stock:{id}\")]",
+                ));
+            }
         };
         Ok(Args {
             key,
@@ -230,6 +256,32 @@ fn key(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<LitStr> {
         ));
     }
     Ok(lit)
+}
+
+/// `["a:{x}", "b:{y}"]`: one or more key templates.
+fn keys(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
+    if !input.peek(syn::token::Bracket) {
+        return Err(syn::Error::new(
+            input.span(),
+            format!("`keys` takes a list in brackets: {}", spec.example),
+        ));
+    }
+    let content;
+    let bracket = syn::bracketed!(content in input);
+    let mut keys = Vec::new();
+    while !content.is_empty() {
+        keys.push(key(spec, &content)?);
+        if !content.is_empty() {
+            content.parse::<Token![,]>()?;
+        }
+    }
+    if keys.is_empty() {
+        return Err(syn::Error::new(
+            bracket.span.join(),
+            format!("`keys` needs at least one key template: {}", spec.example),
+        ));
+    }
+    Ok(keys)
 }
 
 fn ttl(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<DurationArg> {

@@ -32,7 +32,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, LitStr, Pat, ReturnType, Signature, Type};
 
-use crate::attr::{Args, DurationArg, OnLostArg, Options, WaitArg};
+use crate::attr::{Args, DurationArg, Keys, OnLostArg, Options, WaitArg};
 use crate::item::MaybeItemFn;
 use crate::template::{self, Hole, Part};
 
@@ -55,7 +55,24 @@ pub(crate) fn expand(args: Args, func: &MaybeItemFn) -> syn::Result<TokenStream>
         local("__lockrt_body"),
     );
     let locker_expr = locker_expr(&args.options, &krate);
-    let key_expr = key_expr(&args.key, &func.sig, &krate)?;
+    let (key_type, key_expr, run_fn) = match &args.key {
+        Keys::One(lit) => (
+            quote!(::std::string::String),
+            key_expr(lit, &func.sig, &krate)?,
+            quote!(run),
+        ),
+        Keys::All(lits) => {
+            let exprs = lits
+                .iter()
+                .map(|lit| key_expr(lit, &func.sig, &krate))
+                .collect::<syn::Result<Vec<_>>>()?;
+            (
+                quote!(::std::vec::Vec<::std::string::String>),
+                quote!(::std::vec![#(#exprs),*]),
+                quote!(run_all),
+            )
+        }
+    };
     let options_expr = options_expr(&args.options, &krate);
     let fake_return = fake_return(&func.sig);
     // A body behind `impl IntoResponse` has a type no lock failure can become: it is turned
@@ -75,7 +92,7 @@ pub(crate) fn expand(args: Args, func: &MaybeItemFn) -> syn::Result<TokenStream>
     };
     let convert = respan(convert, ret_span);
     let run = quote_spanned! {ret_span=>
-        #krate::__private::run(#locker, #key, #options, #body_expr, #convert).await
+        #krate::__private::#run_fn(#locker, #key, #options, #body_expr, #convert).await
     };
     let MaybeItemFn {
         outer_attrs,
@@ -98,7 +115,7 @@ pub(crate) fn expand(args: Args, func: &MaybeItemFn) -> syn::Result<TokenStream>
                 #krate::__private::Locker,
                 #krate::__private::LockError,
             > = #locker_expr;
-            let #key: ::std::string::String = #key_expr;
+            let #key: #key_type = #key_expr;
             let #options: #krate::__private::LockOptions = #options_expr;
             let #body = async move #block;
             #run

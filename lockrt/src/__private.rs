@@ -77,12 +77,26 @@ pub async fn run<F>(
 where
     F: Future,
 {
-    let locker = match locker {
-        Ok(l) => l,
-        Err(e) => return on_error(e),
-    };
-    match locker.run(key, opts, body).await {
-        Ok(v) => v,
+    match locker {
+        Ok(l) => l.run(key, opts, body).await.unwrap_or_else(on_error),
+        Err(e) => on_error(e),
+    }
+}
+
+/// [`run`] for `keys = [...]`: all of them or none ([`Locker::run_all`]).
+#[inline]
+pub async fn run_all<F>(
+    locker: Result<Locker, LockError>,
+    keys: Vec<String>,
+    opts: LockOptions,
+    body: F,
+    on_error: fn(LockError) -> F::Output,
+) -> F::Output
+where
+    F: Future,
+{
+    match locker {
+        Ok(l) => l.run_all(keys, opts, body).await.unwrap_or_else(on_error),
         Err(e) => on_error(e),
     }
 }

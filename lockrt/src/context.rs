@@ -30,10 +30,14 @@ pub(crate) fn held(locker_id: u64, key: &str) -> Option<HeldLock> {
     .flatten()
 }
 
-/// Runs `fut` with `lock` on top of this task's stack of sections.
-pub(crate) async fn within<F: Future>(lock: HeldLock, fut: F) -> F::Output {
+/// Runs `fut` with `locks` on top of this task's stack of sections (the last is what
+/// [`current_lock`] names).
+pub(crate) async fn within<F: Future>(
+    locks: impl IntoIterator<Item = HeldLock>,
+    fut: F,
+) -> F::Output {
     let mut stack = HELD.try_with(Vec::clone).unwrap_or_default();
-    stack.push(lock);
+    stack.extend(locks);
     HELD.scope(stack, fut).await
 }
 

@@ -223,7 +223,7 @@ impl Locker {
         };
         let lease = guard.lease().clone();
         let (output, lost) =
-            match guarded(key, &lease, opts.on_lost, context::within(held, fut)).await {
+            match guarded(key, &lease, opts.on_lost, context::within([held], fut)).await {
                 Ok(out) => out,
                 Err(e) => {
                     // Cancelled by a loss: the guard's drop releases in the background.
