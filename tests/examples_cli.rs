@@ -1,6 +1,6 @@
 //! The command-line examples run and prove their point: the flash sale sells exactly its stock
-//! (and oversells without the lock), the cache rebuild loads once, the quick start sells what
-//! it has. They run as the real binaries `cargo test` builds in `target/<profile>/examples`.
+//! (and oversells without the lock), the cache rebuild loads once, transfers under a
+//! multi-key lock keep the total (and drift without it), the quick start sells what it has. They run as the real binaries `cargo test` builds in `target/<profile>/examples`.
 
 mod support;
 
@@ -99,6 +99,21 @@ async fn cache_rebuild_loads_once_for_fifty_readers() {
     assert!(ok, "the example reported a wrong result");
     assert!(out.contains("loader calls  1\n"), "{out}");
     assert!(out.contains("50 of 50 readers got"), "{out}");
+}
+
+#[tokio::test]
+async fn transfers_under_a_multi_key_lock_keep_the_total() {
+    let (ok, out) = run("transfer", &[], None).await;
+    assert!(ok, "the example reported a wrong result");
+    let f = figures(&out);
+    assert_eq!((f["transfers"], f["refused"], f["total"]), (400, 0, 5000));
+}
+
+#[tokio::test]
+async fn transfers_without_the_lock_create_or_lose_money() {
+    let (ok, out) = run("transfer", &["--no-lock"], None).await;
+    assert!(ok);
+    assert_ne!(figures(&out)["total"], 5000, "{out}");
 }
 
 #[tokio::test]
