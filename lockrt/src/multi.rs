@@ -178,6 +178,13 @@ impl Locker {
                 }
             }
         }
+        // A key taken first may have been lost while the others were waited for (a fixed
+        // lease run out, a forced unlock): nobody gets a guard that is already lost.
+        if let Some(lost) = guards.iter().find(|g| g.is_lost()) {
+            let e = lost.lease().lost_error();
+            let _ = MultiGuard { guards }.release().await;
+            return Err(e);
+        }
         Ok(MultiGuard { guards })
     }
 
