@@ -3,7 +3,8 @@
 //! other two are stopped with SIGTERM at the end. Checked from what they print: exactly one
 //! finished run per tick from the first to the last, the killed run's tick finished by another
 //! instance, no two runs at once (the killed one counted until the kill), no lost update of the
-//! racy counter the job keeps, and a graceful stop of the survivors.
+//! racy counter the job keeps, and a graceful stop of the survivors. And a run stopped
+//! gracefully (SIGTERM) is run by another instance within its tick.
 
 mod support;
 
@@ -57,14 +58,27 @@ fn now_us() -> u128 {
 }
 
 fn start(redis: &RedisServer, lines: &mpsc::UnboundedSender<(u32, String)>) -> Child {
+    let tick = TICK_MS.to_string();
+    start_with(
+        redis,
+        lines,
+        &["--tick-ms", &tick, "--work-ms", "100", "--ttl-ms", "200"],
+    )
+}
+
+/// An instance with `args`; its stdout lines go to `lines` with its pid.
+fn start_with(
+    redis: &RedisServer,
+    lines: &mpsc::UnboundedSender<(u32, String)>,
+    args: &[&str],
+) -> Child {
     let mut cmd = Command::new(support::example_binary("scheduled_job"));
     for var in lockrt::LockerConfig::ENV_VARS {
         cmd.env_remove(var);
     }
     let mut child = cmd
         .env("REDIS_URL", redis.url())
-        .args(["--tick-ms", &TICK_MS.to_string()])
-        .args(["--work-ms", "100", "--ttl-ms", "200"])
+        .args(args)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -115,21 +129,8 @@ async fn three_instances_run_each_tick_once_and_take_over_a_killed_run() {
     }
     // The survivors stop gracefully on SIGTERM.
     let stop_at = now_us();
-    for child in &mut instances {
-        let Some(pid) = child.id() else { continue };
-        if killed.is_some_and(|(k, ..)| k == pid) {
-            continue;
-        }
-        let pid = rustix::process::Pid::from_raw(pid as i32).expect("pid");
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
-    }
-    for child in &mut instances {
-        let status = tokio::time::timeout_at(deadline, child.wait())
-            .await
-            .expect("instance exits")
-            .expect("wait");
-        stopped.push(status);
-    }
+    let victim = killed.map(|(pid, ..)| pid);
+    stopped.extend(stop_all(&mut instances, victim, deadline).await);
     // What they printed while stopping.
     while let Some((pid, line)) = rx.recv().await {
         if line.starts_with("stopped") {
@@ -211,4 +212,69 @@ async fn three_instances_run_each_tick_once_and_take_over_a_killed_run() {
     // The survivors exited cleanly on SIGTERM (after `shutdown()`); the killed one did not.
     let clean = stopped.iter().filter(|s| s.success()).count();
     assert_eq!(clean, 2, "{stopped:?}");
+}
+
+/// SIGTERM to every instance but `except`, then every exit status (all of them).
+async fn stop_all(
+    instances: &mut [Child],
+    except: Option<u32>,
+    deadline: tokio::time::Instant,
+) -> Vec<std::process::ExitStatus> {
+    for child in instances.iter() {
+        if let Some(pid) = child.id().filter(|&pid| Some(pid) != except) {
+            sigterm(pid);
+        }
+    }
+    let mut stopped = Vec::new();
+    for child in instances.iter_mut() {
+        let status = tokio::time::timeout_at(deadline, child.wait())
+            .await
+            .expect("instance exits")
+            .expect("wait");
+        stopped.push(status);
+    }
+    stopped
+}
+
+fn sigterm(pid: u32) {
+    let pid = rustix::process::Pid::from_raw(pid as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+}
+
+/// A graceful stop (SIGTERM: `shutdown()`) in the middle of a run does not finish the tick:
+/// the other instance, waiting for the tick's claim, runs it within the tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stopped_by_shutdown_is_run_by_another_instance_within_its_tick() {
+    let redis = RedisServer::start().expect("start redis-server");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let args = ["--tick-ms", "2000", "--work-ms", "1000", "--ttl-ms", "300"];
+    let mut instances: Vec<Child> = (0..2).map(|_| start_with(&redis, &tx, &args)).collect();
+    drop(tx);
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let mut next = async || {
+        let (pid, line) = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .expect("the instances print within the limit")
+            .expect("instances still printing");
+        (pid, parse(pid, &line))
+    };
+    let (victim, tick) = loop {
+        if let (pid, Some(e)) = next().await
+            && e.what == "start"
+        {
+            break (pid, e.tick);
+        }
+    };
+    sigterm(victim);
+    let taken_over = loop {
+        match next().await {
+            (pid, Some(e)) if e.what == "end" && e.tick == tick => break pid,
+            (_, Some(e)) if e.tick > tick => panic!("tick {tick} never finished: {e:?}"),
+            _ => {}
+        }
+    };
+    assert_ne!(taken_over, victim, "the stopped instance finished its run");
+    for status in stop_all(&mut instances, Some(victim), deadline).await {
+        assert!(status.success(), "{status:?}");
+    }
 }

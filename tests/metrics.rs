@@ -1,10 +1,14 @@
 //! lockrt's metrics (feature `metrics`), read back through a recording recorder: the locks'
 //! life cycle in memory, and every kind of loss, timeout, failure and forced unlock against a
-//! real redis-server (the table in `lockrt/src/metrics.rs` and the README).
+//! real redis-server (the table in `lockrt/src/metrics.rs` and the README), and loss causes and
+//! counting at their edges (found by an adversarial review): a guard released after
+//! `shutdown()` is no loss; a stalled section's error and metric name the same cause; a release
+//! sent before the deadline and answered after it is no loss; a false revoke message does not
+//! make a later expiry read as a forced unlock.
 
 use std::time::Duration;
 
-use lockrt::{LockOptions, Locker};
+use lockrt::{LockError, LockOptions, Locker};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 fn counter(snapshot: &[(String, DebugValue)], name: &str) -> u64 {
@@ -39,6 +43,10 @@ fn gauge(snapshot: &[(String, DebugValue)], name: &str) -> f64 {
 
 /// One thread: the recorder is the thread's, and every task of the runtime (the watchdog's too)
 /// records into it.
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -163,6 +171,23 @@ fn counters(snapshots: Vec<Snapshot>) -> std::collections::BTreeMap<String, u64>
     out
 }
 
+/// Runs `f` on a one-thread runtime recording into a fresh recorder: its output and the
+/// counters it left.
+fn recorded<T>(f: impl AsyncFnOnce() -> T) -> (T, std::collections::BTreeMap<String, u64>) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = runtime();
+    let out = metrics::with_local_recorder(&recorder, || rt.block_on(f()));
+    (out, counters(vec![snapshotter.snapshot().into_vec()]))
+}
+
+fn lost_total(c: &std::collections::BTreeMap<String, u64>) -> u64 {
+    c.iter()
+        .filter(|(k, _)| k.starts_with("lockrt_lost_total"))
+        .map(|(_, v)| *v)
+        .sum()
+}
+
 #[test]
 fn every_loss_timeout_failure_and_forced_unlock_is_counted() {
     let mut redis = lockrt::testing::RedisServer::start().expect("redis-server");
@@ -235,4 +260,147 @@ fn every_loss_timeout_failure_and_forced_unlock_is_counted() {
     ] {
         assert_eq!(c.get(name).copied().unwrap_or(0), want, "{name}: {c:#?}");
     }
+}
+
+/// A guard held across `shutdown()` and released after its ttl: shutdown is not a loss, and
+/// the README says such a guard's release reports success.
+#[test]
+fn a_release_after_shutdown_is_not_a_loss() {
+    let redis = lockrt::testing::RedisServer::start().unwrap();
+    let (res, c) = recorded(async || {
+        let locker = Locker::builder().url(redis.url()).build().await.unwrap();
+        let g = locker
+            .acquire("k", LockOptions::new().ttl(ms(300)))
+            .await
+            .unwrap();
+        locker.shutdown().await;
+        tokio::time::sleep(ms(600)).await;
+        g.release().await
+    });
+    eprintln!("release after shutdown: {res:?}\n{c:#?}");
+    assert!(res.is_ok(), "{res:?}");
+    assert_eq!(lost_total(&c), 0, "shutdown counted as a loss: {c:#?}");
+}
+
+/// A stalled process (the whole runtime blocked past the ttl, as SIGSTOP does): the error the
+/// section returns and the metric/log must name the same cause.
+#[test]
+fn a_stalled_sections_error_and_metric_name_one_cause() {
+    let redis = lockrt::testing::RedisServer::start().unwrap();
+    let (res, c) = recorded(async || {
+        let locker = Locker::builder().url(redis.url()).build().await.unwrap();
+        let r = locker
+            .run("stall", LockOptions::new().ttl(ms(300)), async {
+                tokio::time::sleep(ms(20)).await;
+                std::thread::sleep(ms(700));
+                tokio::task::yield_now().await;
+            })
+            .await;
+        tokio::time::sleep(ms(300)).await;
+        r
+    });
+    eprintln!("stalled section: {res:?}\n{c:#?}");
+    let Err(LockError::Lost { cause, .. }) = res else {
+        panic!("{res:?}")
+    };
+    let label = format!("lockrt_lost_total{{cause={}}}", cause.as_str());
+    assert_eq!(lost_total(&c), 1, "{c:#?}");
+    assert_eq!(
+        c.get(&label).copied().unwrap_or(0),
+        1,
+        "error says {cause:?}, metrics say {c:#?}"
+    );
+}
+
+/// A healthy section whose release straddles the local deadline (the server still had the
+/// lock and freed it by token): `run` returns Ok, so no loss should be counted either.
+#[test]
+fn a_release_sent_in_time_and_answered_late_is_not_a_loss() {
+    let redis = lockrt::testing::RedisServer::start().unwrap();
+    let client = redis.client();
+    let (res, c) = recorded(async || {
+        {
+            let locker = Locker::builder()
+                .url(redis.url())
+                .safety_margin(ms(500))
+                .build()
+                .await
+                .unwrap();
+            let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+            // A fixed lease of 2 s with a 500 ms safety margin: local deadline at 1.5 s,
+            // server expiry at 2 s. The release is sent at about 1 s, well before the
+            // deadline, and the server answers nothing for 700 ms, so the answer comes after
+            // the local deadline and before the expiry (room for a loaded machine both sides).
+            let opts = LockOptions::new().ttl(ms(2_000)).watchdog(false);
+            locker
+                .run("slowrel", opts, async {
+                    tokio::time::sleep(ms(1_000)).await;
+                    let _: () = redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(700)
+                        .arg("ALL")
+                        .query_async(&mut admin)
+                        .await
+                        .unwrap();
+                    7
+                })
+                .await
+        }
+    });
+    eprintln!("slow release: {res:?}\n{c:#?}");
+    assert!(matches!(res, Ok(7)), "{res:?}");
+    assert_eq!(
+        lost_total(&c),
+        0,
+        "run() returned Ok yet a loss was counted: {c:#?}"
+    );
+}
+
+/// A revoke message for our token that turns out to be a false alarm (the check finds the
+/// lock ours), then a real expiry (the server lost the key): the cause must be `expired`.
+#[test]
+fn a_false_revoke_does_not_make_a_later_expiry_a_forced_unlock() {
+    let redis = lockrt::testing::RedisServer::start().unwrap();
+    let client = redis.client();
+    let rt = runtime();
+    let cause = rt.block_on(async {
+        let locker = Locker::builder().url(redis.url()).build().await.unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        let g = locker
+            .acquire("rv", LockOptions::new().ttl(ms(1500)))
+            .await
+            .unwrap();
+        tokio::time::sleep(ms(100)).await;
+        let held: String = redis::cmd("GET")
+            .arg("lock:rv")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let token = &held[..32];
+        let n: i64 = redis::cmd("PUBLISH")
+            .arg("{lock:}:revoke")
+            .arg(token)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        eprintln!("published revoke of {token} to {n} subscribers");
+        tokio::time::sleep(ms(300)).await;
+        assert!(!g.is_lost(), "a false revoke must not end the lease");
+        // Later (many renewals on) the server loses the key: a plain expiry.
+        tokio::time::sleep(ms(1500)).await;
+        let _: () = redis::cmd("DEL")
+            .arg("lock:rv")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        tokio::time::timeout(ms(3000), g.lost())
+            .await
+            .expect("declared lost");
+        match g.release().await {
+            Err(LockError::Lost { cause, .. }) => cause,
+            other => panic!("{other:?}"),
+        }
+    });
+    eprintln!("cause: {cause:?}");
+    assert_eq!(cause, lockrt::LossCause::Expired);
 }

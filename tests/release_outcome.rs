@@ -86,10 +86,12 @@ fn a_restart_mid_section_is_reported_lost_logged_and_counted() {
             server.restart().expect("restart redis-server");
             let w = Locker::connect(&server.url()).await.unwrap();
             let other = w.acquire("restarted", long()).await.expect("W takes it");
-            end.send(()).unwrap();
-            let checked = task.await.unwrap().expect("the body ran");
+            let _ = end.send(());
+            // The body finishes and the release finds W, or the owner check that follows the
+            // pub/sub reconnect finds W first and cancels the body: a loss either way.
+            let res = task.await.unwrap();
             other.release().await.expect("W still holds it");
-            checked
+            res
         })
     });
     let lost = counter(&snapshotter, "lockrt_lost_total");
@@ -100,16 +102,22 @@ fn a_restart_mid_section_is_reported_lost_logged_and_counted() {
         .filter(|l| l.contains("\"restarted\""))
         .map(|l| format!("{l}\n"))
         .collect();
+    let held_throughout = checked.as_ref().map(|c| c.held_throughout());
     println!(
-        "FIGURE release_after_restart: held_throughout={}, lost_total={lost}",
-        checked.held_throughout()
+        "FIGURE release_after_restart: held_throughout={held_throughout:?}, lost_total={lost}"
     );
-    assert!(
-        !checked.held_throughout(),
-        "W held the lock while A's body ran, yet A's section was reported held throughout"
-    );
-    assert!(checked.into_result().unwrap_err().is_lost());
+    match checked {
+        Ok(c) => {
+            assert!(
+                !c.held_throughout(),
+                "W held the lock while A's body ran, yet A's section was reported held throughout"
+            );
+            assert!(c.into_result().unwrap_err().is_lost());
+        }
+        Err(e) => assert!(e.is_lost(), "{e}"),
+    }
     assert_eq!(lost, 1, "the loss is counted once");
+    eprintln!("{logs}");
     assert_eq!(
         logs.matches("lock lost").count(),
         1,

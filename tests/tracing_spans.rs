@@ -120,7 +120,7 @@ fn the_log_names_durations_outcomes_and_causes_plainly() {
     });
     eprintln!("{out}");
 
-    let released = line(&out, "lock section ended outcome=\"released\"");
+    let released = line(&out, "lock section ended key=\"a\" outcome=\"released\"");
     assert!(released.contains("DEBUG"), "{released}");
     assert!(
         released.contains("ttl=10s wait=0s"),
@@ -134,10 +134,17 @@ fn the_log_names_durations_outcomes_and_causes_plainly() {
         "{elapsed}"
     );
 
-    let forced = line(&out, "an operator force-unlocked the lock");
+    // The loss is one WARN line, where it was found; the section's end says so at INFO.
+    let forced = line(&out, "lock lost key=\"c\"");
     assert!(
-        forced.contains(" WARN ") && forced.contains("cause=\"force_unlocked\""),
+        forced.contains(" WARN ") && forced.contains("force-unlocked"),
         "{forced}"
+    );
+    assert_eq!(out.matches(" WARN ").count(), 1, "one WARN line:\n{out}");
+    let ended = line(&out, "lock section ended by the loss of its lock key=\"c\"");
+    assert!(
+        ended.contains(" INFO ") && ended.contains("cause=\"force_unlocked\""),
+        "{ended}"
     );
     let shut = line(&out, "lock section ended by the locker's shutdown");
     assert!(shut.contains(" INFO "), "{shut}");

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::contract::Released;
-use crate::error::BackendError;
-use crate::error::LockError;
+use crate::error::{BackendError, LockError, LossCause};
 use crate::lease::{LeaseInfo, end_lease};
 use crate::locker::Locker;
 use crate::monitor::Monitor;
@@ -52,6 +51,7 @@ impl LockGuard {
                 monitor,
                 info: info.clone(),
                 entry: Some(entry),
+                keep_until: info.keep_until,
                 done: false,
                 background: false,
             },
@@ -153,6 +153,16 @@ impl LockGuard {
         }
     }
 
+    /// Releases, keeping the lock taken (owner-checked, on the server) until `until` as
+    /// `min_hold` would: what marks a scheduled job's tick done ([`every`](crate::every)).
+    pub(crate) async fn release_keeping(
+        mut self,
+        until: tokio::time::Instant,
+    ) -> Result<(), LockError> {
+        self.release.keep_until = Some(until);
+        self.release().await
+    }
+
     /// Releases and reports what the server said (for `run`, which tells a lost lock apart).
     pub(crate) async fn release_outcome(mut self) -> Result<Released, BackendError> {
         self.release.run().await
@@ -181,6 +191,8 @@ struct Release {
     monitor: Arc<Monitor>,
     info: Arc<LeaseInfo>,
     entry: Option<EntryHandle>,
+    /// Kept until then by the release (`min_hold`, or [`LockGuard::release_keeping`]).
+    keep_until: Option<tokio::time::Instant>,
     done: bool,
     /// Already the background copy: never spawn another.
     background: bool,
@@ -190,10 +202,26 @@ impl Release {
     async fn run(&mut self) -> Result<Released, BackendError> {
         // `shutdown` waits for a release under way, also one awaited in the foreground.
         let _under_way = self.locker.inner.cleanups.token();
+        // Ran out before the release began: the holder could not vouch for the lock at its
+        // end (the monitor may not have looked yet), which is a loss too. Not a lease that
+        // shutdown released: that ended in time.
+        let past = match self
+            .info
+            .released
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            true => None,
+            false => self.info.past_deadline(tokio::time::Instant::now()),
+        };
         self.monitor.remove(self.info.id);
         let entry = self.entry.take();
+        // A lock to be kept past the release is not passed on in the process.
+        let keeps = self
+            .keep_until
+            .is_some_and(|k| k > tokio::time::Instant::now());
         let passed = entry
             .as_ref()
+            .filter(|_| !keeps)
             .and_then(|e| crate::handoff::pass_on(&self.locker, &self.info, e));
         let res = match (entry, passed) {
             (Some(entry), Some(check)) => {
@@ -207,15 +235,21 @@ impl Release {
             }
             (entry, _) => {
                 self.entry = entry;
-                end_lease(self.locker.backend(), &self.info).await
+                end_lease(self.locker.backend(), &self.info, self.keep_until).await
             }
         };
         if matches!(res, Ok(Released::Freed)) {
             self.locker.wake(&self.info.key.tag);
         }
-        // Released past its local deadline: the holder could not vouch for the lock at the
-        // end (the monitor may not have looked yet), which is a loss too.
-        if let Some(cause) = self.info.past_deadline(tokio::time::Instant::now()) {
+        self.account(&res, past);
+        self.finish();
+        res
+    }
+
+    /// Counts and logs what the release found: a loss (once, with its cause), a release, a
+    /// failure.
+    fn account(&self, res: &Result<Released, BackendError>, past: Option<LossCause>) {
+        if let Some(cause) = past {
             crate::lease::declare_lost(&self.info, cause);
         }
         match res {
@@ -225,22 +259,20 @@ impl Release {
             // The cause found before (a forced unlock, the deadline), if any, stands.
             Ok(Released::NotOwner) => {
                 let cause = match self.info.loss_cause() {
-                    crate::error::LossCause::ShutDown => crate::error::LossCause::Expired,
+                    LossCause::ShutDown => LossCause::Expired,
                     cause => cause,
                 };
                 crate::lease::declare_lost(&self.info, cause)
             }
             Err(_) => crate::metrics::release_failed(),
         }
-        let outcome = match &res {
+        let outcome = match res {
             Ok(Released::Freed) => "freed",
             Ok(Released::HandedOver) => "handed over",
             Ok(Released::NotOwner) => "not ours any more",
             Err(_) => "failed",
         };
         tracing::debug!(key = ?&*self.info.key.user, outcome, "release");
-        self.finish();
-        res
     }
 
     /// Local bookkeeping once the release is over (or can't happen): the lease ends for
@@ -276,6 +308,7 @@ impl Drop for Release {
             monitor: self.monitor.clone(),
             info: self.info.clone(),
             entry: self.entry.take(),
+            keep_until: self.keep_until,
             done: false,
             background: true,
         };

@@ -1,20 +1,27 @@
 //! [`every`]: a job run once per tick across a fleet, on ticks every instance agrees on.
 //!
-//! Each tick is claimed with a lock of its own, `<name>:at:<tick start in Unix ms>`, which the
-//! instance that ran it keeps (as `min_hold` keeps a lock) until the end of the *next* tick: a
-//! finished run leaves that claim in Redis even if its process dies right after, so no other
-//! instance runs the tick again, and instances whose clocks lag by up to a tick still find it
-//! taken. A run that dies instead stops renewing, its claim expires after `ttl`, and an
-//! instance still waiting for the tick takes it over. The runs themselves hold the lock
-//! `<name>`, so a run that overruns its tick never overlaps the next (bounded by `max_hold`,
-//! one tick unless set).
+//! Each tick is claimed with a lock of its own, `<name>:at:<tick start in Unix ms>`. The
+//! instance whose run finishes releases that claim keeping it taken on the server (as
+//! `min_hold` does) for a tick (at least a second) past the tick's end: the mark survives its
+//! process, so no other instance runs the tick again, and instances whose clocks lag still find
+//! it taken. A run that does not finish (its process dies, its lock is lost, the locker shuts
+//! down) leaves the claim to expire after `ttl` or frees it, and an instance still waiting for
+//! the tick takes it over. The runs themselves hold the lock `<name>`, so a run that overruns
+//! its tick never overlaps the next (bounded by `max_hold`, one tick unless set).
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::error::LockError;
+use crate::error::{LockError, LossCause};
 use crate::locker::Locker;
 use crate::options::LockOptions;
+
+/// The shortest tick: below it, scheduling jitter eats the margin a claim is kept for.
+const MIN_TICK: Duration = Duration::from_millis(10);
+
+/// A finished tick's claim is kept at least this long past the tick's end (and at least a
+/// tick): what an instance whose clock lags may still be trying.
+const KEEP_PAST_END: Duration = Duration::from_secs(1);
 
 /// Bounds the sleeps towards one tick start: a wall clock set back wakes the sleeper early,
 /// and it sleeps again, but not without end.
@@ -31,6 +38,8 @@ enum Turn {
     Overrun,
     /// The job was cancelled when its lock was lost (or `max_hold` ran out).
     Lost,
+    /// The locker shut down before or while the job ran.
+    Stopped,
     /// The lock server failed; the tick is left to the others.
     Failed,
 }
@@ -45,8 +54,10 @@ enum Turn {
 /// - **Exactly one run per tick** across the fleet: the instance that gets the tick's claim
 ///   runs it, the others wait for the claim until the tick ends and run it only if the holder
 ///   dies first (its lease, `ttl`, runs out: pick `ttl` well below `tick` for a takeover
-///   within the tick). A finished run keeps its claim until the next tick ends, so neither a
-///   crash after the run nor a clock that lags by less than a tick makes it run twice.
+///   within the tick). A finished run keeps its claim a tick (at least a second) past the
+///   tick's end, so neither a crash after the run nor a clock that lags by less than that makes
+///   it run twice. A run stopped by `shutdown()` or a lost lock is not finished: an instance
+///   still waiting runs the tick.
 /// - **Runs never overlap**: each holds the lock `name`; a tick whose run can't start before
 ///   the tick ends (the previous run still going) is skipped and logged at WARN. `max_hold`
 ///   bounds a run (default: one tick); past it the job is cancelled.
@@ -54,10 +65,12 @@ enum Turn {
 ///   `on_lost = "cancel"` does), an unreachable server (WARN).
 /// - At least once at one instant: an instance that dies after its job ended but before its
 ///   claim was marked done (one round trip) leaves the tick to be run again by a waiting
-///   instance. Make the job idempotent per tick where that matters.
+///   instance. So does a Redis that restarts without persistence, forgetting the claims (as it
+///   forgets every lock). Make the job idempotent per tick where that matters.
 ///
-/// `opts` gives `ttl`, `max_hold`, `watchdog`; `wait` and `min_hold` are set per tick, so
-/// giving them is an error, as is a zero `tick` or an invalid `name`.
+/// `opts` gives `ttl`, `max_hold`, `watchdog`. Errors, before any tick: `wait` or `min_hold`
+/// given (set per tick), `on_lost = continue` (a run whose lock is lost is always cancelled,
+/// or it could overlap the next), a `tick` under 10 ms, an invalid `name`.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
@@ -114,15 +127,24 @@ where
 }
 
 fn check(locker: &Locker, name: &str, tick: Duration, opts: &LockOptions) -> Result<(), LockError> {
-    if tick.is_zero() {
+    if tick < MIN_TICK {
+        return Err(LockError::Config(format!(
+            "every(): `tick` must be at least {}ms (got {tick:?}): a claim kept for less than \
+             the scheduling jitter lets a tick run twice",
+            MIN_TICK.as_millis()
+        )));
+    }
+    if opts.on_lost == crate::options::OnLost::Continue {
         return Err(LockError::Config(
-            "every(): `tick` must be longer than zero".into(),
+            "every(): `on_lost = continue` would let a run whose lock was lost overlap the \
+             next one; a run is always cancelled when its lock is lost"
+                .into(),
         ));
     }
     if opts.wait.is_some() || opts.min_hold.is_some() {
         return Err(LockError::Config(
             "every(): leave `wait` and `min_hold` unset: each tick is waited for until it ends, \
-             and its claim kept until the next one ends"
+             and a finished tick's claim kept past its end"
                 .into(),
         ));
     }
@@ -150,18 +172,15 @@ where
     Fut: Future<Output = ()>,
 {
     let end = start + tick_ms;
-    let run_max = opts
-        .max_hold
-        .unwrap_or(Duration::from_millis(duration_ms(tick_ms)));
-    // Kept until the next tick ends (`min_hold` counts from the grant, which is no earlier),
-    // and held for as long as a run that starts at the tick's end may last: a claim that
-    // stopped renewing before the run ended would let a waiting instance run the tick again.
+    let tick = Duration::from_millis(duration_ms(tick_ms));
+    let run_max = opts.max_hold.unwrap_or(tick);
+    // Held for as long as a run that starts at the tick's end may last: a claim that stopped
+    // renewing before the run ended would let a waiting instance run the tick again.
     let claim_opts = LockOptions {
-        max_hold: Some(ms_until(end) + run_max + Duration::from_millis(duration_ms(tick_ms))),
+        max_hold: Some(ms_until(end) + run_max + tick),
         ..opts
     }
-    .wait(ms_until(end))
-    .min_hold(ms_until(end + tick_ms));
+    .wait(ms_until(end));
     let claim = match locker.acquire(&claim_key(name, start), claim_opts).await {
         Ok(claim) => claim,
         Err(LockError::Timeout { .. }) => return Ok(Turn::Elsewhere),
@@ -176,6 +195,11 @@ where
     let turn = match locker.run(name, run_opts, job(scheduled)).await {
         Ok(()) => Turn::Ran,
         Err(LockError::Timeout { .. }) => Turn::Overrun,
+        Err(LockError::Lost {
+            cause: LossCause::ShutDown,
+            ..
+        })
+        | Err(LockError::ShutDown) => Turn::Stopped,
         Err(LockError::Lost { .. }) => Turn::Lost,
         Err(LockError::Backend(e)) => {
             tracing::warn!(job = name, error = %e, "could not lock the job");
@@ -183,13 +207,36 @@ where
         }
         Err(e) => return Err(e),
     };
-    // Kept (min_hold) whatever happened: the tick was this instance's to run.
-    match claim.release().await {
-        Ok(()) | Err(LockError::Lost { .. }) => {}
+    end_turn(name, claim, turn, ms_until(end) + tick.max(KEEP_PAST_END)).await
+}
+
+/// Releases the tick's claim. A finished run marks the tick done: the claim stays taken on
+/// the server for `keep` (past the tick's end, and a lagging clock's), whatever happens to
+/// this process now. A run that did not finish frees it, so an instance still waiting for
+/// the tick runs it.
+async fn end_turn(
+    name: &str,
+    claim: crate::guard::LockGuard,
+    turn: Turn,
+    keep: Duration,
+) -> Result<Turn, LockError> {
+    let released = match turn {
+        Turn::Ran => {
+            claim
+                .release_keeping(tokio::time::Instant::now() + keep)
+                .await
+        }
+        _ => claim.release().await,
+    };
+    match released {
+        Ok(()) | Err(LockError::Lost { .. }) | Err(LockError::ShutDown) => {}
         Err(LockError::Backend(e)) => {
             tracing::warn!(job = name, error = %e, "claim of the tick not released; its lease ends it");
         }
         Err(e) => return Err(e),
+    }
+    if turn == Turn::Stopped {
+        return Err(LockError::ShutDown);
     }
     Ok(turn)
 }
@@ -206,7 +253,7 @@ fn log_turn(name: &str, start: u128, turn: Turn) {
              tick or bound the job with max_hold"
         ),
         Turn::Lost => tracing::warn!(job = name, tick, "job cancelled: its lock was lost"),
-        Turn::Failed => {}
+        Turn::Failed | Turn::Stopped => {}
     }
 }
 
@@ -262,6 +309,11 @@ mod tests {
             (LockOptions::new(), Duration::ZERO),
             (LockOptions::new().wait(ms(5)), ms(100)),
             (LockOptions::new().min_hold(ms(5)), ms(100)),
+            (LockOptions::new(), ms(5)),
+            (
+                LockOptions::new().on_lost(crate::options::OnLost::Continue),
+                ms(100),
+            ),
         ] {
             let res = every(&locker, "job", tick, opts, job).await;
             assert!(matches!(res, Err(LockError::Config(_))), "{res:?}");

@@ -377,11 +377,23 @@ impl LeaseInfo {
         self.cause.get().copied().unwrap_or(LossCause::Expired)
     }
 
+    /// [`loss_cause`](Self::loss_cause) for a lease found lost now: one whose local deadline
+    /// passed before anyone declared it lost is declared so here (counted and logged once,
+    /// with the same cause the monitor would give).
+    pub(crate) fn loss_cause_now(&self) -> LossCause {
+        if self.cause.get().is_none()
+            && let Some(cause) = self.past_deadline(Instant::now())
+        {
+            declare_lost(self, cause);
+        }
+        self.loss_cause()
+    }
+
     /// The error of a section or release that found this lease lost.
     pub(crate) fn lost_error(&self) -> LockError {
         LockError::Lost {
             key: self.key.user.to_string(),
-            cause: self.loss_cause(),
+            cause: self.loss_cause_now(),
         }
     }
 }
@@ -392,10 +404,12 @@ impl LeaseInfo {
 /// happened: a retry finds the proof its first try left, and "not ours" without it is
 /// `NotOwner` (the lock expired, was force-unlocked, or the server restarted: another owner
 /// may have held it meanwhile).
-/// Used by a guard's release and by `Locker::shutdown`.
+/// Used by a guard's release and by `Locker::shutdown`; `keep_until` is the lease's
+/// `min_hold` end, or another a caller chose ([`LockGuard::release_keeping`](crate::LockGuard)).
 pub(crate) async fn end_lease(
     backend: &Backend,
     info: &LeaseInfo,
+    keep_until: Option<Instant>,
 ) -> Result<Released, BackendError> {
     if info.released.load(Ordering::Acquire) {
         return Ok(Released::Freed);
@@ -404,7 +418,7 @@ pub(crate) async fn end_lease(
         chain.idle().await;
     }
     let mut backoff = release_backoff();
-    let keep_until = info.keep_until.filter(|k| *k > Instant::now());
+    let keep_until = keep_until.filter(|k| *k > Instant::now());
     loop {
         let keep = keep_until
             .map(|k| k.saturating_duration_since(Instant::now()))

@@ -335,7 +335,10 @@ impl Locker {
 
     /// One lease drained by `shutdown`: released (or kept until `min_hold`), bounded.
     async fn release_for_shutdown(&self, lease: &LeaseInfo, bound: Duration) {
-        let res = tokio::time::timeout(bound, crate::lease::end_lease(&self.inner.backend, lease));
+        let res = tokio::time::timeout(
+            bound,
+            crate::lease::end_lease(&self.inner.backend, lease, lease.keep_until),
+        );
         match res.await {
             Ok(Ok(Released::Freed | Released::HandedOver)) => {
                 lease.released.store(true, Ordering::Release);

@@ -350,6 +350,11 @@ fn apply_outcome(t: &mut Table, ids: &[u64], sent: Instant, res: Vec<Renewed>) {
         st.in_flight = false;
         match renewed {
             Ok(true) => {
+                // A check sent after a revoke message found the lock still ours: the message
+                // was stale or false, and a later loss is not the forced unlock's.
+                if !st.recheck {
+                    st.revoke_heard = false;
+                }
                 let ttl = st.info.ttl;
                 st.runs(sent, ttl);
                 if std::mem::take(&mut st.recheck) {

@@ -172,20 +172,23 @@ impl Locker {
         if let Some(cause) = cause {
             span.record("cause", cause.as_str());
         }
+        // The key on the event too: a subscriber above INFO drops the span. A loss itself was
+        // logged at WARN, once, where it was found (`lock lost`, with its cause).
         let _in = span.enter();
         match cause {
-            None if outcome == "released" => tracing::debug!(outcome, "lock section ended"),
+            None if outcome == "released" => {
+                tracing::debug!(key = ?key, outcome, "lock section ended")
+            }
             None => {}
             Some(LossCause::ShutDown) => {
-                tracing::info!(outcome, "lock section ended by the locker's shutdown")
+                tracing::info!(key = ?key, outcome, "lock section ended by the locker's shutdown")
             }
-            Some(LossCause::ForceUnlocked) => {
-                tracing::warn!(
-                    outcome,
-                    "lock section ended: an operator force-unlocked the lock"
-                )
-            }
-            Some(cause) => tracing::warn!(outcome, cause = %cause, "lock section ended: lock lost"),
+            Some(cause) => tracing::info!(
+                key = ?key,
+                outcome,
+                cause = cause.as_str(),
+                "lock section ended by the loss of its lock"
+            ),
         }
         drop(_in);
         res
@@ -201,7 +204,11 @@ impl Locker {
             output,
             lost,
             key: key.to_owned(),
-            cause: lease.loss_cause(),
+            cause: if lost {
+                lease.loss_cause_now()
+            } else {
+                LossCause::Expired
+            },
         };
         if let Some(outer) = context::held(self.inner.id, key) {
             // Reentrant: protected by the outer section's lease, and only while it lasts.
