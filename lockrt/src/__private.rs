@@ -105,12 +105,37 @@ where
 /// a lock failure can become; the body's own type is hidden behind the `impl`).
 #[cfg(feature = "axum")]
 #[inline]
-pub async fn respond<F>(body: F) -> axum_core::response::Response
+pub fn respond<F>(body: F) -> Respond<F> {
+    Respond { body }
+}
+
+#[cfg(feature = "axum")]
+pin_project_lite::pin_project! {
+    /// [`respond`]'s future. The `IntoResponse` bound sits on its `Future` impl only, so a
+    /// body of another type is one error (where `run` needs a future), not one per use.
+    pub struct Respond<F> {
+        #[pin]
+        body: F,
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<F> Future for Respond<F>
 where
     F: Future,
     F::Output: axum_core::response::IntoResponse,
 {
-    axum_core::response::IntoResponse::into_response(body.await)
+    type Output = axum_core::response::Response;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.project()
+            .body
+            .poll(cx)
+            .map(axum_core::response::IntoResponse::into_response)
+    }
 }
 
 /// Without the `axum` feature the body stays as it is, and [`from_lock_error_response`]
