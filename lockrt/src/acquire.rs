@@ -501,7 +501,7 @@ impl<'a> Acquisition<'a> {
     fn timeout(&self, why: &str) -> LockError {
         crate::metrics::timed_out();
         let waited_ms = self.start.elapsed().as_millis() as u64;
-        if self.terms.wait == Wait::For(Duration::ZERO) {
+        if self.terms.wait == Wait::For(Duration::ZERO) || self.terms.busy_expected {
             // One attempt that found the lock busy: what a fleet of job instances does each
             // tick, not worth a line at INFO.
             tracing::debug!(key = ?&*self.key.user, why, "lock busy (wait 0s)");

@@ -136,8 +136,12 @@ pub enum LossCause {
          stalls and `ttl`"
     )]
     Expired,
-    /// No renewal succeeded before the lease's deadline (the server did not answer).
-    #[error("no renewal reached Redis before the lease ran out; check Redis reachability")]
+    /// No renewal succeeded before the lease's deadline: the server did not answer, or this
+    /// process stalled (SIGSTOP, a blocked runtime thread, swapping) past it.
+    #[error(
+        "no renewal succeeded before the lease ran out; check Redis reachability and pauses \
+         of this process (a blocked runtime thread, SIGSTOP)"
+    )]
     Unreachable,
     /// Held for `max_hold`: the watchdog stopped renewing, as asked.
     #[error("held for its `max_hold`; raise `max_hold` or shorten the critical section")]

@@ -51,7 +51,7 @@ impl LockGuard {
                 monitor,
                 info: info.clone(),
                 entry: Some(entry),
-                keep_until: info.keep_until,
+                late: false,
                 done: false,
                 background: false,
             },
@@ -147,20 +147,15 @@ impl LockGuard {
     /// ```
     pub async fn release(mut self) -> Result<(), LockError> {
         match self.release.run().await {
+            // Ran out before the release began: the guard could not vouch for the lock up to
+            // its end (`is_lost()` said so), whatever the server then found.
+            Ok(Released::Freed | Released::HandedOver) if self.release.late => {
+                Err(self.info.lost_error())
+            }
             Ok(Released::Freed | Released::HandedOver) => Ok(()),
             Ok(Released::NotOwner) => Err(self.info.lost_error()),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// Releases, keeping the lock taken (owner-checked, on the server) until `until` as
-    /// `min_hold` would: what marks a scheduled job's tick done ([`every`](crate::every)).
-    pub(crate) async fn release_keeping(
-        mut self,
-        until: tokio::time::Instant,
-    ) -> Result<(), LockError> {
-        self.release.keep_until = Some(until);
-        self.release().await
     }
 
     /// Releases and reports what the server said (for `run`, which tells a lost lock apart).
@@ -191,8 +186,9 @@ struct Release {
     monitor: Arc<Monitor>,
     info: Arc<LeaseInfo>,
     entry: Option<EntryHandle>,
-    /// Kept until then by the release (`min_hold`, or [`LockGuard::release_keeping`]).
-    keep_until: Option<tokio::time::Instant>,
+    /// The lease had run out (locally) when the release began: a loss, whatever the release
+    /// finds.
+    late: bool,
     done: bool,
     /// Already the background copy: never spawn another.
     background: bool,
@@ -217,7 +213,8 @@ impl Release {
         let entry = self.entry.take();
         // A lock to be kept past the release is not passed on in the process.
         let keeps = self
-            .keep_until
+            .info
+            .kept_until()
             .is_some_and(|k| k > tokio::time::Instant::now());
         let passed = entry
             .as_ref()
@@ -235,7 +232,7 @@ impl Release {
             }
             (entry, _) => {
                 self.entry = entry;
-                end_lease(self.locker.backend(), &self.info, self.keep_until).await
+                end_lease(self.locker.backend(), &self.info, self.info.kept_until()).await
             }
         };
         if matches!(res, Ok(Released::Freed)) {
@@ -308,7 +305,7 @@ impl Drop for Release {
             monitor: self.monitor.clone(),
             info: self.info.clone(),
             entry: self.entry.take(),
-            keep_until: self.keep_until,
+            late: false,
             done: false,
             background: true,
         };

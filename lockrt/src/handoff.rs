@@ -34,7 +34,7 @@ pub(crate) fn pass_on(
     entry: &EntryHandle,
 ) -> Option<ChainCheck> {
     let limit = locker.settings().local_handoff;
-    let pending_min_hold = info.keep_until.is_some_and(|k| k > Instant::now());
+    let pending_min_hold = info.kept_until().is_some_and(|k| k > Instant::now());
     if info.local >= limit
         || entry.queued() == 0
         || pending_min_hold

@@ -7,7 +7,9 @@
 //! it taken. A run that does not finish (its process dies, its lock is lost, the locker shuts
 //! down) leaves the claim to expire after `ttl` or frees it, and an instance still waiting for
 //! the tick takes it over. The runs themselves hold the lock `<name>`, so a run that overruns
-//! its tick never overlaps the next (bounded by `max_hold`, one tick unless set).
+//! its tick never overlaps the next (bounded by `max_hold`, one tick unless set). A job that
+//! finishes marks its tick done at once, on its claim's lease, so a shutdown racing the end of
+//! the run keeps the claim too.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -40,6 +42,8 @@ enum Turn {
     Lost,
     /// The locker shut down before or while the job ran.
     Stopped,
+    /// The job was cancelled at `max_hold`; the tick counts as done.
+    MaxHold,
     /// The lock server failed; the tick is left to the others.
     Failed,
 }
@@ -64,9 +68,13 @@ enum Turn {
 /// - Failures are logged and the next tick tried: a lost lock (the job is cancelled, as
 ///   `on_lost = "cancel"` does), an unreachable server (WARN).
 /// - At least once at one instant: an instance that dies after its job ended but before its
-///   claim was marked done (one round trip) leaves the tick to be run again by a waiting
+///   claim was marked done on the server (one round trip; as long as the server is
+///   unreachable then, up to the claim's `ttl`) leaves the tick to be run again by a waiting
 ///   instance. So does a Redis that restarts without persistence, forgetting the claims (as it
 ///   forgets every lock). Make the job idempotent per tick where that matters.
+/// - A run is cancelled when the tick's claim is lost (an operator force-unlocked it), as when
+///   its own lock is: another instance may be running the tick then. A run cut short at
+///   `max_hold` counts as done (it would be cut short on every instance).
 ///
 /// `opts` gives `ttl`, `max_hold`, `watchdog`. Errors, before any tick: `wait` or `min_hold`
 /// given (set per tick), `on_lost = continue` (a run whose lock is lost is always cancelled,
@@ -178,6 +186,8 @@ where
     // renewing before the run ended would let a waiting instance run the tick again.
     let claim_opts = LockOptions {
         max_hold: Some(ms_until(end) + run_max + tick),
+        // Every instance but one waits for the claim until the tick ends: expected.
+        busy_expected: true,
         ..opts
     }
     .wait(ms_until(end));
@@ -192,14 +202,39 @@ where
     };
     let run_opts = opts.max_hold(run_max).wait(ms_until(end));
     let scheduled = UNIX_EPOCH + Duration::from_millis(duration_ms(start));
-    let turn = match locker.run(name, run_opts, job(scheduled)).await {
-        Ok(()) => Turn::Ran,
+    let keep = || tokio::time::Instant::now() + ms_until(end) + tick.max(KEEP_PAST_END);
+    let lease = claim.lease().clone();
+    // The run also ends when the tick's claim is lost (forced unlock, eviction): another
+    // instance may be running the tick then. A finished job marks the tick done at once, so
+    // whatever releases the claim from then on (a shutdown racing the job lock's release)
+    // keeps it.
+    let body = async {
+        tokio::select! {
+            biased;
+            () = lease.lost() => false,
+            () = job(scheduled) => {
+                lease.keep_after(keep());
+                true
+            }
+        }
+    };
+    let turn = match locker.run(name, run_opts, body).await {
+        Ok(true) => Turn::Ran,
+        Ok(false) => Turn::Lost,
         Err(LockError::Timeout { .. }) => Turn::Overrun,
         Err(LockError::Lost {
             cause: LossCause::ShutDown,
             ..
         })
         | Err(LockError::ShutDown) => Turn::Stopped,
+        Err(LockError::Lost {
+            cause: LossCause::MaxHold,
+            ..
+        }) => {
+            // It would be cut short on every instance alike: the tick counts as done.
+            lease.keep_after(keep());
+            Turn::MaxHold
+        }
         Err(LockError::Lost { .. }) => Turn::Lost,
         Err(LockError::Backend(e)) => {
             tracing::warn!(job = name, error = %e, "could not lock the job");
@@ -207,28 +242,19 @@ where
         }
         Err(e) => return Err(e),
     };
-    end_turn(name, claim, turn, ms_until(end) + tick.max(KEEP_PAST_END)).await
+    end_turn(name, claim, turn).await
 }
 
-/// Releases the tick's claim. A finished run marks the tick done: the claim stays taken on
-/// the server for `keep` (past the tick's end, and a lagging clock's), whatever happens to
-/// this process now. A run that did not finish frees it, so an instance still waiting for
-/// the tick runs it.
+/// Releases the tick's claim. A tick marked done (its job finished, or reached `max_hold`)
+/// keeps the claim taken on the server past the tick's end (and a lagging clock's), whatever
+/// happens to this process now. Any other claim is freed, so an instance still waiting for the
+/// tick runs it.
 async fn end_turn(
     name: &str,
     claim: crate::guard::LockGuard,
     turn: Turn,
-    keep: Duration,
 ) -> Result<Turn, LockError> {
-    let released = match turn {
-        Turn::Ran => {
-            claim
-                .release_keeping(tokio::time::Instant::now() + keep)
-                .await
-        }
-        _ => claim.release().await,
-    };
-    match released {
+    match claim.release().await {
         Ok(()) | Err(LockError::Lost { .. }) | Err(LockError::ShutDown) => {}
         Err(LockError::Backend(e)) => {
             tracing::warn!(job = name, error = %e, "claim of the tick not released; its lease ends it");
@@ -252,7 +278,13 @@ fn log_turn(name: &str, start: u128, turn: Turn) {
             "tick skipped: the previous run still held the job when the tick ended; raise the \
              tick or bound the job with max_hold"
         ),
-        Turn::Lost => tracing::warn!(job = name, tick, "job cancelled: its lock was lost"),
+        // The loss itself was logged at WARN where it was found.
+        Turn::Lost => tracing::info!(job = name, tick, "job cancelled: its lock was lost"),
+        Turn::MaxHold => tracing::warn!(
+            job = name,
+            tick,
+            "job cancelled at max_hold; the tick counts as done (raise max_hold)"
+        ),
         Turn::Failed | Turn::Stopped => {}
     }
 }

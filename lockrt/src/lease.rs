@@ -52,6 +52,9 @@ pub(crate) struct LeaseInfo {
     pub(crate) acquired_at: Instant,
     /// A release before this keeps the lock until then (`min_hold`).
     pub(crate) keep_until: Option<Instant>,
+    /// Set after the lock was taken: kept until then by any release, shutdown's too (a
+    /// scheduled job's tick marked done, see [`keep_after`](Self::keep_after)).
+    kept_after: OnceLock<Instant>,
     /// Cancelled when the lease is lost or released: nothing may rely on it after that.
     pub(crate) lost: CancellationToken,
     /// Released by `Locker::shutdown`: the guard's own release has nothing left to do.
@@ -237,6 +240,7 @@ impl LeaseInfo {
             hold_until,
             acquired_at,
             keep_until: n.min_hold.and_then(|h| Instant::now().checked_add(h)),
+            kept_after: OnceLock::new(),
             lost: CancellationToken::new(),
             released: std::sync::atomic::AtomicBool::new(false),
             loss_reported: std::sync::atomic::AtomicBool::new(false),
@@ -350,6 +354,18 @@ pub(crate) fn declare_lost(info: &LeaseInfo, cause: LossCause) {
 }
 
 impl LeaseInfo {
+    /// From now on, whatever releases this lease (its guard, shutdown, a drop) keeps the lock
+    /// taken on the server until `until`, owner-checked, as `min_hold` does. Once.
+    pub(crate) fn keep_after(&self, until: Instant) {
+        let _ = self.kept_after.set(until);
+    }
+
+    /// Until when a release keeps the lock: the later of `min_hold`'s end and
+    /// [`keep_after`](Self::keep_after)'s.
+    pub(crate) fn kept_until(&self) -> Option<Instant> {
+        self.keep_until.max(self.kept_after.get().copied())
+    }
+
     /// Ends the lease because the locker shuts down or its runtime is gone: nothing renews it
     /// any more. Not a loss to report; sections end with [`LossCause::ShutDown`].
     pub(crate) fn end_by_shutdown(&self) {

@@ -337,7 +337,7 @@ impl Locker {
     async fn release_for_shutdown(&self, lease: &LeaseInfo, bound: Duration) {
         let res = tokio::time::timeout(
             bound,
-            crate::lease::end_lease(&self.inner.backend, lease, lease.keep_until),
+            crate::lease::end_lease(&self.inner.backend, lease, lease.kept_until()),
         );
         match res.await {
             Ok(Ok(Released::Freed | Released::HandedOver)) => {

@@ -49,6 +49,9 @@ pub struct LockOptions {
     pub(crate) on_lost: OnLost,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) min_hold: Option<Duration>,
+    /// A busy lock is the expected outcome (a scheduled job's claim on the instances that
+    /// don't run the tick): an elapsed wait logs at DEBUG.
+    pub(crate) busy_expected: bool,
 }
 
 impl Default for LockOptions {
@@ -72,6 +75,7 @@ impl LockOptions {
             on_lost: OnLost::Cancel,
             max_hold: None,
             min_hold: None,
+            busy_expected: false,
         }
     }
 
@@ -214,6 +218,7 @@ pub(crate) struct Terms {
     pub(crate) watchdog: bool,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) min_hold: Option<Duration>,
+    pub(crate) busy_expected: bool,
 }
 
 impl LockOptions {
@@ -225,6 +230,7 @@ impl LockOptions {
             watchdog: self.watchdog,
             max_hold: self.max_hold.or(defaults.max_hold),
             min_hold: self.min_hold,
+            busy_expected: self.busy_expected,
         }
     }
 }
