@@ -404,3 +404,28 @@ fn a_false_revoke_does_not_make_a_later_expiry_a_forced_unlock() {
     eprintln!("cause: {cause:?}");
     assert_eq!(cause, lockrt::LossCause::Expired);
 }
+
+/// A guard whose fixed lease ran out locally (its `is_lost()` said so) released before the
+/// server expired it: the release reports `Lost`, as the loss it counts (it returned `Ok` and
+/// counted a loss).
+#[test]
+fn a_release_begun_after_the_deadline_reports_the_loss_it_counts() {
+    let redis = lockrt::testing::RedisServer::start().unwrap();
+    let (res, c) = recorded(async || {
+        let locker = Locker::builder()
+            .url(redis.url())
+            .safety_margin(ms(500))
+            .build()
+            .await
+            .unwrap();
+        // Fixed lease of 2 s with a 500 ms margin: local deadline 1.5 s, server expiry 2 s.
+        let opts = LockOptions::new().ttl(ms(2_000)).watchdog(false);
+        let g = locker.acquire("late", opts).await.unwrap();
+        tokio::time::sleep(ms(1_750)).await;
+        assert!(g.is_lost());
+        g.release().await
+    });
+    eprintln!("release after the deadline: {res:?}\n{c:#?}");
+    assert!(matches!(res, Err(LockError::Lost { .. })), "{res:?}");
+    assert_eq!(lost_total(&c), 1, "{c:#?}");
+}

@@ -209,6 +209,7 @@ impl Release {
             true => None,
             false => self.info.past_deadline(tokio::time::Instant::now()),
         };
+        self.late = past.is_some();
         self.monitor.remove(self.info.id);
         let entry = self.entry.take();
         // A lock to be kept past the release is not passed on in the process.
