@@ -264,6 +264,7 @@ impl Drop for QueueSpot {
 mod tests {
     use std::time::Duration;
 
+    use crate::error::LockError;
     use crate::guard::LockGuard;
     use crate::locker::Locker;
     use crate::options::LockOptions;
@@ -302,7 +303,12 @@ mod tests {
         }
         assert_eq!(locker.stats().waiting, n, "all queued");
         tokio::time::sleep(10 * MS).await;
-        first.release().await.unwrap();
+        // A lease released past its local deadline (a test here does that on purpose) reports
+        // `Lost`; anything else is a failure.
+        match first.release().await {
+            Ok(()) | Err(LockError::Lost { .. }) => {}
+            Err(e) => panic!("release: {e}"),
+        }
         let mut out = Vec::new();
         while out.len() < n + 1 {
             out.push(rx.recv().await.unwrap());
