@@ -212,14 +212,9 @@ impl Release {
         self.late = past.is_some();
         self.monitor.remove(self.info.id);
         let entry = self.entry.take();
-        // A lock to be kept past the release is not passed on in the process.
-        let keeps = self
-            .info
-            .kept_until()
-            .is_some_and(|k| k > tokio::time::Instant::now());
+        // `pass_on` declines a lock to be kept past the release (`kept_until`).
         let passed = entry
             .as_ref()
-            .filter(|_| !keeps)
             .and_then(|e| crate::handoff::pass_on(&self.locker, &self.info, e));
         let res = match (entry, passed) {
             (Some(entry), Some(check)) => {
