@@ -3,6 +3,7 @@
 //! ends does not rerun the tick; a job longer than `max_hold` is not started once per instance
 //! per tick; a run whose tick claim is force-unlocked is cancelled, so the tick finishes once.
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -43,61 +44,71 @@ fn report(log: &Log, what: &str) -> usize {
     bad
 }
 
+/// `n` instances running `every(name, tick, opts, ..)`, each on a thread with a runtime and a
+/// locker of its own, until `every` returns or `run_for` has passed; then each shuts its
+/// locker down. Each run is logged as `start` and, if its job returns, `end`, under its tick;
+/// the job gets its instance, its locker and its tick (Unix ms).
+fn fleet<J, Fut>(
+    n: usize,
+    name: &'static str,
+    tick: Duration,
+    opts: LockOptions,
+    run_for: Duration,
+    job: J,
+) -> Log
+where
+    J: Fn(usize, Locker, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let redis = RedisServer::start().unwrap();
+    let log: Log = Arc::default();
+    let threads: Vec<_> = (0..n)
+        .map(|inst| {
+            let (url, log, job) = (redis.url(), log.clone(), job.clone());
+            std::thread::spawn(move || {
+                rt().block_on(async move {
+                    let locker = Locker::builder().url(&url).build().await.unwrap();
+                    let l = locker.clone();
+                    let runs = lockrt::every(&locker, name, tick, opts, move |t| {
+                        let (log, job, l) = (log.clone(), job.clone(), l.clone());
+                        async move {
+                            let t = tick_ms(t);
+                            let note =
+                                |what| log.lock().unwrap().entry(t).or_default().push((inst, what));
+                            note("start");
+                            job(inst, l, t).await;
+                            note("end");
+                        }
+                    });
+                    let r = tokio::time::timeout(run_for, runs).await;
+                    locker.shutdown().await;
+                    eprintln!("{name} instance {inst}: {r:?}");
+                })
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    log
+}
+
 /// The instance that runs a tick starts `locker.shutdown()` at the very end of its job (as a
 /// SIGTERM arriving then would): the job finished, so the tick must not run again.
 #[test]
 fn a_shutdown_as_the_run_ends_does_not_rerun_the_tick() {
-    let redis = RedisServer::start().unwrap();
-    let url = redis.url();
-    let log: Log = Arc::default();
-    let trick = Arc::new(AtomicBool::new(false));
-    let mut threads = Vec::new();
-    for inst in 0..2 {
-        let (url, log, trick) = (url.clone(), log.clone(), trick.clone());
-        threads.push(std::thread::spawn(move || {
-            rt().block_on(async move {
-                let locker = Locker::builder().url(&url).build().await.unwrap();
-                let l = locker.clone();
-                let h = tokio::spawn(async move {
-                    let l2 = l.clone();
-                    lockrt::every(
-                        &l,
-                        "x1",
-                        ms(2000),
-                        LockOptions::new().ttl(ms(1000)),
-                        move |t| {
-                            let (log, trick, l2) = (log.clone(), trick.clone(), l2.clone());
-                            async move {
-                                let t = tick_ms(t);
-                                log.lock()
-                                    .unwrap()
-                                    .entry(t)
-                                    .or_default()
-                                    .push((inst, "start"));
-                                tokio::time::sleep(ms(100)).await;
-                                log.lock()
-                                    .unwrap()
-                                    .entry(t)
-                                    .or_default()
-                                    .push((inst, "end"));
-                                if !trick.swap(true, Ordering::SeqCst) {
-                                    // SIGTERM handler: graceful shutdown, right as the job returns.
-                                    tokio::spawn(async move { l2.shutdown().await });
-                                }
-                            }
-                        },
-                    )
-                    .await
-                });
-                let r = tokio::time::timeout(ms(5000), h).await;
-                locker.shutdown().await;
-                eprintln!("inst {inst}: {r:?}");
-            })
-        }));
-    }
-    for t in threads {
-        t.join().unwrap();
-    }
+    let stopped = Arc::new(AtomicBool::new(false));
+    let opts = LockOptions::new().ttl(ms(1000));
+    let log = fleet(2, "x1", ms(2000), opts, ms(5000), move |_, locker, _| {
+        let stopped = stopped.clone();
+        async move {
+            tokio::time::sleep(ms(100)).await;
+            if !stopped.swap(true, Ordering::SeqCst) {
+                // SIGTERM handler: graceful shutdown, right as the job returns.
+                tokio::spawn(async move { locker.shutdown().await });
+            }
+        }
+    });
     assert_eq!(report(&log, "x1"), 0);
 }
 
@@ -105,46 +116,10 @@ fn a_shutdown_as_the_run_ends_does_not_rerun_the_tick() {
 /// as done (it used to be freed, and every waiting instance ran the same tick in turn).
 #[test]
 fn a_job_cut_short_at_max_hold_is_started_once_per_tick() {
-    let redis = RedisServer::start().unwrap();
-    let url = redis.url();
-    let log: Log = Arc::default();
-    let mut threads = Vec::new();
-    for inst in 0..3 {
-        let (url, log) = (url.clone(), log.clone());
-        threads.push(std::thread::spawn(move || {
-            rt().block_on(async move {
-                let locker = Locker::builder().url(&url).build().await.unwrap();
-                let l = locker.clone();
-                let opts = LockOptions::new().ttl(ms(1000)).max_hold(ms(300));
-                let h = tokio::spawn(async move {
-                    lockrt::every(&l, "x2", ms(3000), opts, move |t| {
-                        let log = log.clone();
-                        async move {
-                            let t = tick_ms(t);
-                            log.lock()
-                                .unwrap()
-                                .entry(t)
-                                .or_default()
-                                .push((inst, "start"));
-                            tokio::time::sleep(ms(600)).await;
-                            log.lock()
-                                .unwrap()
-                                .entry(t)
-                                .or_default()
-                                .push((inst, "end"));
-                        }
-                    })
-                    .await
-                });
-                tokio::time::sleep(ms(6500)).await;
-                locker.shutdown().await;
-                eprintln!("inst {inst}: {:?}", h.await);
-            })
-        }));
-    }
-    for t in threads {
-        t.join().unwrap();
-    }
+    let opts = LockOptions::new().ttl(ms(1000)).max_hold(ms(300));
+    let log = fleet(3, "x2", ms(3000), opts, ms(6500), |_, _, _| {
+        tokio::time::sleep(ms(600))
+    });
     report(&log, "x2");
     let starts: Vec<usize> = log
         .lock()
@@ -159,56 +134,17 @@ fn a_job_cut_short_at_max_hold_is_started_once_per_tick() {
 /// instance runs the tick, and the tick finishes once.
 #[test]
 fn a_run_whose_claim_is_lost_is_cancelled() {
-    let redis = RedisServer::start().unwrap();
-    let url = redis.url();
-    let log: Log = Arc::default();
-    let trick = Arc::new(AtomicBool::new(false));
-    let mut threads = Vec::new();
-    for inst in 0..2 {
-        let (url, log, trick) = (url.clone(), log.clone(), trick.clone());
-        threads.push(std::thread::spawn(move || {
-            rt().block_on(async move {
-                let locker = Locker::builder().url(&url).build().await.unwrap();
-                let l = locker.clone();
-                let h = tokio::spawn(async move {
-                    let l2 = l.clone();
-                    lockrt::every(
-                        &l,
-                        "x5",
-                        ms(3000),
-                        LockOptions::new().ttl(ms(1000)),
-                        move |t| {
-                            let (log, trick, l2) = (log.clone(), trick.clone(), l2.clone());
-                            async move {
-                                let tm = tick_ms(t);
-                                log.lock()
-                                    .unwrap()
-                                    .entry(tm)
-                                    .or_default()
-                                    .push((inst, "start"));
-                                if !trick.swap(true, Ordering::SeqCst) {
-                                    let r = l2.force_unlock(&format!("x5:at:{tm}")).await;
-                                    eprintln!("force_unlock claim: {r:?}");
-                                }
-                                tokio::time::sleep(ms(500)).await;
-                                log.lock()
-                                    .unwrap()
-                                    .entry(tm)
-                                    .or_default()
-                                    .push((inst, "end"));
-                            }
-                        },
-                    )
-                    .await
-                });
-                tokio::time::sleep(ms(7000)).await;
-                locker.shutdown().await;
-                eprintln!("inst {inst}: {:?}", h.await);
-            })
-        }));
-    }
-    for t in threads {
-        t.join().unwrap();
-    }
+    let forced = Arc::new(AtomicBool::new(false));
+    let opts = LockOptions::new().ttl(ms(1000));
+    let log = fleet(2, "x5", ms(3000), opts, ms(7000), move |_, locker, t| {
+        let forced = forced.clone();
+        async move {
+            if !forced.swap(true, Ordering::SeqCst) {
+                let r = locker.force_unlock(&format!("x5:at:{t}")).await;
+                eprintln!("force_unlock claim: {r:?}");
+            }
+            tokio::time::sleep(ms(500)).await;
+        }
+    });
     assert_eq!(report(&log, "x5"), 0);
 }
