@@ -69,6 +69,17 @@ pub enum LockError {
         /// The lock's key, as given by the caller.
         key: String,
     },
+    /// The key is in use as another kind of lock than this call asked for: a semaphore taken
+    /// as a lock (or the other way round), a semaphore with another number of permits, or a
+    /// write asked for inside this task's own read section (an upgrade, which would wait for
+    /// itself). Refused at once, never waited for.
+    #[error("lock `{key}` cannot be taken as asked: {reason}")]
+    KindConflict {
+        /// The lock's key, as given by the caller.
+        key: String,
+        /// What is in the way.
+        reason: String,
+    },
     /// The locker was shut down ([`Locker::shutdown`](crate::Locker::shutdown)): it takes no
     /// new locks, and waiting for one ended.
     #[error("the locker was shut down: it takes no new locks (the process is stopping)")]

@@ -11,6 +11,7 @@ use std::fmt::{self, Display, Write as _};
 use std::sync::Arc;
 
 use crate::error::LockError;
+use crate::options::LockKind;
 
 /// Longest accepted user key, in bytes. Redis allows far more, but a key this long is almost
 /// certainly a bug (a serialised struct), and every lock operation sends it several times.
@@ -26,6 +27,8 @@ pub(crate) struct LockKey {
     /// `{prefix + escaped(user)}`: the hash tag of every name of this lock. Shared (not
     /// copied) with the locker's per-key waiting entry.
     pub(crate) tag: Arc<str>,
+    /// What kind of lock the caller takes (part of the call, not of the names).
+    pub(crate) kind: LockKind,
 }
 
 impl LockKey {
@@ -39,7 +42,13 @@ impl LockKey {
         Ok(LockKey {
             user: user.into(),
             tag: tag.into(),
+            kind: LockKind::Exclusive,
         })
+    }
+
+    /// The same names, taken as `kind`.
+    pub(crate) fn with_kind(self, kind: LockKind) -> LockKey {
+        LockKey { kind, ..self }
     }
 
     /// `prefix + escaped(user)`: the lock's own Redis key, the tag without its braces.
@@ -70,6 +79,18 @@ impl LockKey {
     /// `{lock}:owner`: the holder's owner record (see `owner.rs`), same slot, same PTTL.
     pub(crate) fn owner(&self) -> Aux<'_> {
         Aux::new(&self.tag, ":owner")
+    }
+
+    /// `{lock}:s`: the shared holders (readers or permit holders), token -> lease expiry
+    /// (server ms). Writers and exclusive holders check it, so they exclude readers.
+    pub(crate) fn shared(&self) -> Aux<'_> {
+        Aux::new(&self.tag, ":s")
+    }
+
+    /// `{lock}:si`: what the shared holders are (`kind`: `r` readers, `s<n>` a semaphore of
+    /// `n`) and each one's `<fence>|<acquired ms>|<owner>`.
+    pub(crate) fn shared_info(&self) -> Aux<'_> {
+        Aux::new(&self.tag, ":si")
     }
 
     /// `{lock}:done:<token>`: proof that `token`'s own release happened (release.lua).
@@ -103,6 +124,7 @@ impl LockKey {
         Some(LockKey {
             user: user.into(),
             tag: format!("{{{name}}}").into(),
+            kind: LockKind::Exclusive,
         })
     }
 }

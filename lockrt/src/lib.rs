@@ -117,7 +117,7 @@ pub use inspect::{LockInfo, MAX_LISTED};
 pub use job::every;
 pub use locker::{Locker, LockerStats};
 pub use multi::MultiGuard;
-pub use options::{LockOptions, OnLost, Wait};
+pub use options::{LockKind, LockOptions, OnLost, Wait};
 pub use owner::Holder;
 pub use section::Checked;
 

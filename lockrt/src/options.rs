@@ -29,6 +29,55 @@ pub enum OnLost {
     Continue,
 }
 
+/// What kind of lock a call takes on its key.
+///
+/// ```
+/// use lockrt::{LockKind, LockOptions};
+/// assert_eq!(LockOptions::new().get_kind(), LockKind::Exclusive);
+/// assert_eq!(LockOptions::new().read().get_kind(), LockKind::Read);
+/// assert_eq!(LockOptions::new().permits(3).get_kind(), LockKind::Permits(3));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// One holder at a time: the plain lock, and the write side of a read-write lock (same
+    /// key, same data: exclusive holders and writers exclude each other and every reader).
+    #[default]
+    Exclusive,
+    /// Shared with other readers of the key; excludes writers. A queued writer stops later
+    /// readers from entering, so writers never starve.
+    Read,
+    /// A semaphore: at most this many holders of the key at once, each with its own leased
+    /// permit. A key is either a lock or a semaphore.
+    Permits(u32),
+}
+
+impl LockKind {
+    /// Whether holders of this kind share the key (readers, permits).
+    pub(crate) const fn is_shared(self) -> bool {
+        !matches!(self, LockKind::Exclusive)
+    }
+
+    /// As logs, spans and metrics name it: `exclusive`, `read`, `permits`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LockKind::Exclusive => "exclusive",
+            LockKind::Read => "read",
+            LockKind::Permits(_) => "permits",
+        }
+    }
+}
+
+impl std::fmt::Display for LockKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockKind::Exclusive => f.write_str("an exclusive (write) lock"),
+            LockKind::Read => f.write_str("a read lock"),
+            LockKind::Permits(n) => write!(f, "a semaphore of {n} permits"),
+        }
+    }
+}
+
 /// Options for one acquisition.
 ///
 /// ```
@@ -52,6 +101,7 @@ pub struct LockOptions {
     /// A busy lock is the expected outcome (a scheduled job's claim on the instances that
     /// don't run the tick): an elapsed wait logs at DEBUG.
     pub(crate) busy_expected: bool,
+    pub(crate) kind: LockKind,
 }
 
 impl Default for LockOptions {
@@ -76,7 +126,64 @@ impl LockOptions {
             max_hold: None,
             min_hold: None,
             busy_expected: false,
+            kind: LockKind::Exclusive,
         }
+    }
+
+    /// The read side of the key's read-write lock: shared with other readers, excluded by a
+    /// writer (an exclusive holder). Readers queue behind a writer that waits, so a stream of
+    /// readers never holds a writer back more than one generation of readers.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::in_memory();
+    /// let read = lockrt::LockOptions::new().read();
+    /// let a = locker.acquire("catalogue", read).await?;
+    /// let b = locker.acquire("catalogue", read).await?; // another reader: shared
+    /// let write = lockrt::LockOptions::new().write().wait(std::time::Duration::ZERO);
+    /// assert!(locker.try_acquire("catalogue", write).await?.is_none());
+    /// # drop((a, b)); Ok(()) }
+    /// ```
+    pub const fn read(mut self) -> Self {
+        self.kind = LockKind::Read;
+        self
+    }
+
+    /// The write side of the key's read-write lock, which is the exclusive lock (the
+    /// default): one holder, no reader meanwhile.
+    ///
+    /// ```
+    /// let opts = lockrt::LockOptions::new().read().write();
+    /// assert_eq!(opts.get_kind(), lockrt::LockKind::Exclusive);
+    /// ```
+    pub const fn write(mut self) -> Self {
+        self.kind = LockKind::Exclusive;
+        self
+    }
+
+    /// A semaphore on the key: at most `n` holders at once across all processes, each with its
+    /// own leased permit (renewed by the watchdog, fenced, returned when its holder's lease
+    /// ends). Every caller of one key must name the same `n`: a different `n` is refused with
+    /// [`LockError::KindConflict`](crate::LockError::KindConflict) while the semaphore is in
+    /// use, never a silent change of the limit. `0` is refused when the lock is taken.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::in_memory();
+    /// let slots = lockrt::LockOptions::new().permits(2);
+    /// let a = locker.acquire("export:acme", slots).await?;
+    /// let b = locker.acquire("export:acme", slots).await?;
+    /// assert!(locker.try_acquire("export:acme", slots).await?.is_none()); // both permits taken
+    /// # drop((a, b)); Ok(()) }
+    /// ```
+    pub const fn permits(mut self, n: u32) -> Self {
+        self.kind = LockKind::Permits(n);
+        self
+    }
+
+    /// The kind of lock these options take.
+    pub const fn get_kind(&self) -> LockKind {
+        self.kind
     }
 
     /// Lease length. With the watchdog on, the lease is renewed about every `ttl / 3`.
@@ -219,6 +326,7 @@ pub(crate) struct Terms {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) min_hold: Option<Duration>,
     pub(crate) busy_expected: bool,
+    pub(crate) kind: LockKind,
 }
 
 impl LockOptions {
@@ -231,6 +339,7 @@ impl LockOptions {
             max_hold: self.max_hold.or(defaults.max_hold),
             min_hold: self.min_hold,
             busy_expected: self.busy_expected,
+            kind: self.kind,
         }
     }
 }
