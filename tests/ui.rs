@@ -20,6 +20,8 @@ mod durations;
 mod free_fns;
 #[path = "ui/pass/generics.rs"]
 mod generics;
+#[path = "ui/pass/lock_kinds.rs"]
+mod lock_kinds;
 #[path = "ui/pass/methods.rs"]
 mod methods;
 #[path = "ui/pass/multi_keys.rs"]
@@ -38,4 +40,5 @@ async fn every_supported_shape_compiles_and_runs() {
     durations::run(&locker).await;
     axum_handler::run(&locker).await;
     multi_keys::run(&locker).await;
+    lock_kinds::run(&locker).await;
 }

@@ -1,28 +1,22 @@
-//! Parsing the attribute's arguments. Every value is checked here, so a mistake is reported on
-//! the token that holds it and the expansion only sees valid input.
+//! Parsing the attribute's arguments. Every value is checked here (the value parsers are in
+//! `value`), so a mistake is reported on the token that holds it and the expansion only sees
+//! valid input.
 //!
 //! [`ARGS`] is the one list of arguments: the parser looks names up in it, and the "did you
 //! mean" suggestions and the examples in error messages come from it.
 
-use std::time::Duration;
-
 use proc_macro2::Span;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
-use syn::spanned::Spanned;
-use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
+use syn::{Expr, Ident, LitStr, Path, Token};
 
-/// The runtime clamps shorter leases up to this; refusing them here avoids a silent surprise.
-const MIN_TTL: Duration = Duration::from_millis(30);
-
-/// Redis keeps expiries in signed 64-bit milliseconds; a year is already absurd for a lock.
-const MAX_MILLIS: u128 = 366 * 24 * 3600 * 1000;
+use crate::value::{self, bool_value, closest, nonzero_duration, string_value};
 
 /// One argument: its name, how its value is written, and how it is parsed into [`Found`].
-struct ArgSpec {
-    name: &'static str,
+pub(crate) struct ArgSpec {
+    pub(crate) name: &'static str,
     /// What to write, shown when the value is missing or has the wrong form.
-    example: &'static str,
+    pub(crate) example: &'static str,
     parse: fn(&ArgSpec, ParseStream<'_>, &mut Found) -> syn::Result<()>,
 }
 
@@ -48,7 +42,7 @@ const ARGS: &[ArgSpec] = &[
         name: "ttl",
         example: "ttl = \"30s\", or a `Duration` expression such as ttl = TTL",
         parse: |spec, input, found| {
-            found.options.ttl = Some(ttl(spec, input)?);
+            found.options.ttl = Some(value::ttl(spec, input)?);
             Ok(())
         },
     },
@@ -57,7 +51,7 @@ const ARGS: &[ArgSpec] = &[
         example: "wait = \"5s\", wait = \"forever\", or a `Duration` expression such as \
                   wait = WAIT",
         parse: |spec, input, found| {
-            found.options.wait = Some(wait(spec, input)?);
+            found.options.wait = Some(value::wait(spec, input)?);
             Ok(())
         },
     },
@@ -98,7 +92,30 @@ const ARGS: &[ArgSpec] = &[
         example: "on_lost = \"cancel\" (drop the body and return `Lost`) or on_lost = \
                   \"continue\" (log and let the body finish)",
         parse: |spec, input, found| {
-            found.options.on_lost = Some(on_lost(spec, input)?);
+            let policies = [
+                ("cancel", OnLostArg::Cancel),
+                ("continue", OnLostArg::Continue),
+            ];
+            found.options.on_lost =
+                Some(value::choice(spec, input, "`on_lost` policy", &policies)?);
+            Ok(())
+        },
+    },
+    ArgSpec {
+        name: "mode",
+        example: "mode = \"read\" (shared with other readers) or mode = \"write\" (exclusive, \
+                  the default)",
+        parse: |spec, input, found| {
+            let modes = [("read", KindArg::Read), ("write", KindArg::Write)];
+            found.options.kind = Some(value::choice(spec, input, "`mode`", &modes)?);
+            Ok(())
+        },
+    },
+    ArgSpec {
+        name: "permits",
+        example: "permits = 3 (a semaphore: at most 3 holders at once)",
+        parse: |spec, input, found| {
+            found.options.kind = Some(KindArg::Permits(value::permits(spec, input)?));
             Ok(())
         },
     },
@@ -134,6 +151,7 @@ pub(crate) struct Options {
     pub(crate) locker: Option<Expr>,
     pub(crate) watchdog: Option<bool>,
     pub(crate) on_lost: Option<OnLostArg>,
+    pub(crate) kind: Option<KindArg>,
     pub(crate) krate: Option<Path>,
 }
 
@@ -157,6 +175,14 @@ pub(crate) enum OnLostArg {
     Continue,
 }
 
+/// `mode = "..."` or `permits = N`: which `LockOptions` kind method to call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KindArg {
+    Read,
+    Write,
+    Permits(u32),
+}
+
 /// What the arguments said so far.
 #[derive(Default)]
 struct Found {
@@ -172,15 +198,7 @@ impl Parse for Args {
         while !input.is_empty() {
             let name = input.call(Ident::parse_any)?;
             let spec = lookup(&name)?;
-            if seen.contains(&spec.name) {
-                return Err(syn::Error::new(
-                    name.span(),
-                    format!(
-                        "duplicate argument `{}`: give each argument once",
-                        spec.name
-                    ),
-                ));
-            }
+            check_given(spec, &name, &seen)?;
             seen.push(spec.name);
             if !input.peek(Token![=]) {
                 return Err(syn::Error::new(
@@ -219,6 +237,53 @@ impl Parse for Args {
     }
 }
 
+/// Pairs of arguments that can't be given together, and why: refused here, on the token, rather
+/// than left to the builder (where the last kind method called would silently win) or to the
+/// first call.
+const CONFLICTS: &[(&str, &str, &str)] = &[
+    ("mode", "permits", "a semaphore has no read/write mode"),
+    ("keys", "mode", "multi-key locks are exclusive"),
+    ("keys", "permits", "multi-key locks are exclusive"),
+];
+
+/// Refuses `spec` (written as `name`) when it was given already, or conflicts with an argument
+/// given before it: the error is on the second one, as rustc reports a duplicate definition.
+fn check_given(spec: &ArgSpec, name: &Ident, seen: &[&str]) -> syn::Result<()> {
+    let this = spec.name;
+    if seen.contains(&this) {
+        return Err(syn::Error::new(
+            name.span(),
+            format!("duplicate argument `{this}`: give each argument once"),
+        ));
+    }
+    for &(a, b, why) in CONFLICTS {
+        let other = if this == a { b } else { a };
+        if (this != a && this != b) || !seen.contains(&other) {
+            continue;
+        }
+        let fix = if a == "keys" {
+            format!(
+                "`{b}` takes a single key: key = \"stock:{{id}}\", {}",
+                example(b)
+            )
+        } else {
+            format!("write either {}, or {}", example(a), example(b))
+        };
+        return Err(syn::Error::new(
+            name.span(),
+            format!("`{this}` can't be combined with `{other}`: {why}; {fix}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The example of the argument called `name`.
+fn example(name: &str) -> &'static str {
+    ARGS.iter()
+        .find(|spec| spec.name == name)
+        .map_or("", |spec| spec.example)
+}
+
 fn lookup(name: &Ident) -> syn::Result<&'static ArgSpec> {
     let text = name.unraw().to_string();
     if let Some(spec) = ARGS.iter().find(|spec| spec.name == text) {
@@ -236,15 +301,6 @@ fn lookup(name: &Ident) -> syn::Result<&'static ArgSpec> {
             rest.join(", ")
         ),
     ))
-}
-
-/// The candidate at most two edits away from `text`, if any.
-fn closest<'a>(text: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
-    candidates
-        .map(|c| (strsim::levenshtein(c, text), c))
-        .min()
-        .filter(|(d, _)| *d <= 2)
-        .map(|(_, c)| c)
 }
 
 fn key(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<LitStr> {
@@ -282,163 +338,6 @@ fn keys(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
         ));
     }
     Ok(keys)
-}
-
-fn ttl(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<DurationArg> {
-    duration_arg(spec, input, |lit, d| {
-        let d = nonzero(spec, lit, d)?;
-        if d < MIN_TTL {
-            return Err(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`ttl` must be at least 30ms (got {}): a lease that short expires before it \
-                     can be renewed",
-                    lit.value()
-                ),
-            ));
-        }
-        Ok(d)
-    })
-}
-
-fn wait(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<WaitArg> {
-    if input.peek(LitStr) && input.fork().parse::<LitStr>()?.value().trim() == "forever" {
-        input.parse::<LitStr>()?;
-        return Ok(WaitArg::Forever);
-    }
-    // Zero is meaningful here: one attempt, no waiting.
-    duration_arg(spec, input, |_, d| Ok(d)).map(WaitArg::For)
-}
-
-fn nonzero_duration(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<DurationArg> {
-    duration_arg(spec, input, |lit, d| nonzero(spec, lit, d))
-}
-
-fn nonzero(spec: &ArgSpec, lit: &LitStr, d: Duration) -> syn::Result<Duration> {
-    if d.is_zero() {
-        return Err(syn::Error::new(
-            lit.span(),
-            format!(
-                "`{}` must be greater than zero: write e.g. \"30s\"",
-                spec.name
-            ),
-        ));
-    }
-    Ok(d)
-}
-
-/// A string literal, parsed and handed to `check`, or any other expression, passed on as is
-/// (rustc checks that it is a `Duration`). Other literals are refused here, where the mistake
-/// is plainest.
-fn duration_arg(
-    spec: &ArgSpec,
-    input: ParseStream<'_>,
-    check: impl FnOnce(&LitStr, Duration) -> syn::Result<Duration>,
-) -> syn::Result<DurationArg> {
-    match input.parse::<Expr>()? {
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(lit), ..
-        }) => {
-            let d = check(&lit, parse_duration(spec, &lit)?)?;
-            Ok(DurationArg::Millis(millis(&lit, d)?))
-        }
-        Expr::Lit(other) => Err(syn::Error::new(
-            other.span(),
-            format!("`{}` takes a duration: {}", spec.name, spec.example),
-        )),
-        expr => Ok(DurationArg::Expr(Box::new(expr))),
-    }
-}
-
-fn parse_duration(spec: &ArgSpec, lit: &LitStr) -> syn::Result<Duration> {
-    let text = lit.value();
-    let d = humantime::parse_duration(text.trim()).map_err(|e| {
-        syn::Error::new(
-            lit.span(),
-            format!(
-                "`{}` = \"{text}\" is not a duration ({e}): write e.g. \"30s\", \"500ms\" or \
-                 \"1m30s\"",
-                spec.name
-            ),
-        )
-    })?;
-    if d.subsec_nanos() % 1_000_000 != 0 {
-        return Err(syn::Error::new(
-            lit.span(),
-            format!(
-                "`{}` = \"{text}\": lock durations are whole milliseconds",
-                spec.name
-            ),
-        ));
-    }
-    Ok(d)
-}
-
-fn millis(lit: &LitStr, d: Duration) -> syn::Result<u64> {
-    let ms = d.as_millis();
-    if ms > MAX_MILLIS {
-        return Err(syn::Error::new(
-            lit.span(),
-            format!(
-                "\"{}\" is longer than a year: too long for a lock",
-                lit.value()
-            ),
-        ));
-    }
-    Ok(ms as u64)
-}
-
-fn on_lost(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<OnLostArg> {
-    const POLICIES: [(&str, OnLostArg); 2] = [
-        ("cancel", OnLostArg::Cancel),
-        ("continue", OnLostArg::Continue),
-    ];
-    let lit = string_value(spec, input)?;
-    let text = lit.value();
-    if let Some((_, policy)) = POLICIES.iter().find(|(name, _)| *name == text) {
-        return Ok(*policy);
-    }
-    let hint = closest(&text, POLICIES.iter().map(|(name, _)| *name))
-        .map(|n| format!("did you mean \"{n}\"? "))
-        .unwrap_or_default();
-    Err(syn::Error::new(
-        lit.span(),
-        format!(
-            "unknown `on_lost` policy \"{text}\": {hint}expected {}",
-            spec.example
-        ),
-    ))
-}
-
-fn string_value(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<LitStr> {
-    let wrong = |span| {
-        syn::Error::new(
-            span,
-            format!("`{}` takes a string literal: {}", spec.name, spec.example),
-        )
-    };
-    match input.parse::<Lit>() {
-        Ok(Lit::Str(s)) => Ok(s),
-        Ok(other) => Err(wrong(other.span())),
-        Err(e) => Err(wrong(e.span())),
-    }
-}
-
-fn bool_value(spec: &ArgSpec, input: ParseStream<'_>) -> syn::Result<bool> {
-    let wrong = |span| {
-        syn::Error::new(
-            span,
-            format!(
-                "`{}` takes a bool, not a string: {}",
-                spec.name, spec.example
-            ),
-        )
-    };
-    match input.parse::<Lit>() {
-        Ok(Lit::Bool(b)) => Ok(b.value),
-        Ok(other) => Err(wrong(other.span())),
-        Err(e) => Err(wrong(e.span())),
-    }
 }
 
 #[cfg(test)]
@@ -495,5 +394,75 @@ mod tests {
         assert!(error(quote::quote!(key = "k", on_lost = "contine")).contains("\"continue\"?"));
         assert!(error(quote::quote!(key = "k", wait)).contains("wait = \"forever\""));
         assert!(error(quote::quote!(ttl = "1s")).contains("missing `key`"));
+    }
+
+    #[test]
+    fn lock_kinds_parse() {
+        let kind = |tokens| syn::parse2::<Args>(tokens).unwrap().options.kind;
+        assert_eq!(kind(quote::quote!(key = "k")), None);
+        assert_eq!(
+            kind(quote::quote!(key = "k", mode = "read")),
+            Some(KindArg::Read)
+        );
+        assert_eq!(
+            kind(quote::quote!(mode = "write", key = "k")),
+            Some(KindArg::Write)
+        );
+        assert_eq!(
+            kind(quote::quote!(key = "k", permits = 3)),
+            Some(KindArg::Permits(3))
+        );
+        assert_eq!(
+            kind(quote::quote!(key = "k", permits = 4294967295u32)),
+            Some(KindArg::Permits(u32::MAX))
+        );
+    }
+
+    #[test]
+    fn lock_kind_mistakes_say_what_to_write() {
+        let both = error(quote::quote!(key = "k", mode = "read", permits = 2));
+        assert!(
+            both.starts_with("`permits` can't be combined with `mode`"),
+            "{both}"
+        );
+        let both = error(quote::quote!(key = "k", permits = 2, mode = "read"));
+        assert!(
+            both.starts_with("`mode` can't be combined with `permits`"),
+            "{both}"
+        );
+        assert!(both.contains("no read/write mode"), "{both}");
+        let keys = error(quote::quote!(keys = ["a", "b"], mode = "read"));
+        assert!(keys.contains("multi-key locks are exclusive"), "{keys}");
+        let keys = error(quote::quote!(permits = 2, keys = ["a", "b"]));
+        assert!(
+            keys.starts_with("`keys` can't be combined with `permits`"),
+            "{keys}"
+        );
+        let mode = error(quote::quote!(key = "k", mode = "upgradable"));
+        assert!(
+            mode.starts_with("unknown `mode` \"upgradable\": expected"),
+            "{mode}"
+        );
+        assert!(
+            mode.contains("\"read\"") && mode.contains("\"write\""),
+            "{mode}"
+        );
+        assert!(error(quote::quote!(key = "k", mode = "raed")).contains("\"read\"? "));
+        assert!(error(quote::quote!(key = "k", mode = read)).contains("string literal"));
+        for zero in [quote::quote!(permits = 0), quote::quote!(permits = -2)] {
+            let e = error(quote::quote!(key = "k", #zero));
+            assert!(e.contains("needs at least 1 permit"), "{e}");
+        }
+        let big = error(quote::quote!(key = "k", permits = 4294967296));
+        assert!(big.contains("too large"), "{big}");
+        for wrong in [
+            quote::quote!(permits = "3"),
+            quote::quote!(permits = 3.0),
+            quote::quote!(permits = N),
+        ] {
+            let e = error(quote::quote!(key = "k", #wrong));
+            assert!(e.contains("takes an integer literal"), "{e}");
+        }
+        assert!(error(quote::quote!(key = "k", permits = 3u8)).contains("`u8` suffix"));
     }
 }

@@ -32,7 +32,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, LitStr, Pat, ReturnType, Signature, Type};
 
-use crate::attr::{Args, DurationArg, Keys, OnLostArg, Options, WaitArg};
+use crate::attr::{Args, DurationArg, Keys, KindArg, OnLostArg, Options, WaitArg};
 use crate::item::MaybeItemFn;
 use crate::template::{self, Hole, Part};
 
@@ -287,6 +287,12 @@ fn options_expr(options: &Options, krate: &TokenStream) -> TokenStream {
         };
         chain.extend(quote!(.on_lost(#krate::__private::OnLost::#policy)));
     }
+    match options.kind {
+        Some(KindArg::Read) => chain.extend(quote!(.read())),
+        Some(KindArg::Write) => chain.extend(quote!(.write())),
+        Some(KindArg::Permits(n)) => chain.extend(quote!(.permits(#n))),
+        None => {}
+    }
     chain
 }
 
@@ -503,6 +509,24 @@ mod tests {
             contains(&pretty, "let __lockrt_return: () = loop {};"),
             "{pretty}"
         );
+    }
+
+    #[test]
+    fn mode_and_permits_become_kind_calls() {
+        let f = || -> MaybeItemFn {
+            syn::parse_quote!(
+                async fn f() {}
+            )
+        };
+        let read = pretty(syn::parse_quote!(key = "k", mode = "read"), f());
+        let chain = "::lockrt::__private::LockOptions::new().read();";
+        assert!(contains(&read, chain), "{read}");
+        let write = pretty(syn::parse_quote!(key = "k", mode = "write"), f());
+        assert!(contains(&write, "LockOptions::new().write();"), "{write}");
+        let permits = pretty(syn::parse_quote!(key = "k", ttl = "1s", permits = 3), f());
+        let chain = "LockOptions::new().ttl(::core::time::Duration::from_millis(1000u64))
+            .permits(3u32);";
+        assert!(contains(&permits, chain), "{permits}");
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! and documents it in full.
 //!
 //! Split like `tracing-attributes`: `item` parses the fn (leniently: the body stays tokens),
-//! `attr` parses and checks the arguments, `template` the key template, `expand` writes the
-//! locked fn. On any mistake the original fn is emitted unchanged next to the error, so one typo
-//! doesn't bury the user in follow-up errors.
+//! `attr` parses and checks the arguments (`value` each argument's value), `template` the key
+//! template, `expand` writes the locked fn. On any mistake the original fn is emitted unchanged
+//! next to the error, so one typo doesn't bury the user in follow-up errors.
 
 use proc_macro::TokenStream;
 
@@ -12,8 +12,22 @@ mod attr;
 mod expand;
 mod item;
 mod template;
+mod value;
 
 /// (Implemented by the `lockmacro` crate; use it as `lockrt::distributed_lock`.)
+///
+/// # Lock kinds
+///
+/// By default the lock is exclusive. Two arguments take another kind of lock on the key, each
+/// one call on `LockOptions` (at most one of them, and only with a single `key`: a multi-key
+/// lock is exclusive):
+///
+/// - `mode = "read"`: the read side of the key's read-write lock, shared with other readers
+///   (`.read()`), e.g. `#[distributed_lock(key = "catalogue:{shop}", mode = "read")]`.
+/// - `mode = "write"`: the write side, which is the exclusive lock (`.write()`), e.g.
+///   `#[distributed_lock(key = "catalogue:{shop}", mode = "write")]`.
+/// - `permits = N`: a semaphore of `N` permits, a `u32` of at least 1 checked at compile time
+///   (`.permits(N)`), e.g. `#[distributed_lock(key = "export:{tenant}", permits = 3)]`.
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);
