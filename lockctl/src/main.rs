@@ -7,8 +7,9 @@
 //! lockctl --url ... watch [PATTERN] [--interval 1s] [--count N]
 //! ```
 //!
-//! One line per lock: key, holder (`service@host pid`), remaining lease, fence, waiters, and
-//! how long it has been held; `--json` prints the same as JSON for scripts. lockctl reads
+//! One line per lock: key, holder (`service@host pid`; for a read lock `N readers`, for a
+//! semaphore `N/M permits`), remaining lease, fence, waiters, and how long it has been held
+//! (`show` lists each reader or permit holder); `--json` prints the same as JSON for scripts. lockctl reads
 //! what the service reads ([`lockrt::LockerBuilder::from_env`]): `LOCKRT_URL`, `REDIS_URL`,
 //! `LOCKRT_PREFIX`, the Sentinel master credentials and the timeouts; `--url` (or
 //! `LOCKCTL_URL`) and `--prefix` take precedence. It never prints the URL, and the library's
@@ -24,7 +25,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
-use lockrt::{LockInfo, Locker, LockerBuilder, LockerConfig};
+use lockrt::{Holder, LockInfo, LockKind, Locker, LockerBuilder, LockerConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -202,6 +203,22 @@ async fn show(locker: &Locker, key: &str, json: bool) -> Result<ExitCode, String
             println!("hand-off:    {} (passed on in its process)", h.handoff);
         }
     }
+    for s in &l.shared {
+        let who = s.holder.as_ref().map_or_else(
+            || "-".to_owned(),
+            |h| format!("{:?}@{:?} {}", h.service, h.host, h.pid),
+        );
+        let fence = s.fence.map_or_else(|| "-".to_owned(), |f| f.to_string());
+        let kind = if l.kind == LockKind::Read {
+            "reader"
+        } else {
+            "permit"
+        };
+        println!(
+            "{kind}:      {who}, {}ms left, fence {fence}",
+            s.remaining.as_millis()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -284,9 +301,37 @@ fn round(d: Duration) -> Duration {
 
 /// One lock as JSON: the table's fields, the owner record's, and times in ms.
 fn to_json(l: &LockInfo) -> serde_json::Value {
-    let holder = l.holder.as_ref().map(|h| {
-        let (at, _) = when(h.acquired_at_ms);
-        serde_json::json!({
+    let holder = l.holder.as_ref().map(holder_json);
+    let shared: Vec<serde_json::Value> = (l.shared.iter())
+        .map(|s| {
+            serde_json::json!({
+                "holder": s.holder.as_ref().map(holder_json),
+                "remaining_ms": u64::try_from(s.remaining.as_millis()).unwrap_or(u64::MAX),
+                "fence": s.fence,
+            })
+        })
+        .collect();
+    let permits = match l.kind {
+        LockKind::Permits(n) => Some(n),
+        _ => None,
+    };
+    serde_json::json!({
+        "key": l.key,
+        "redis_key": l.redis_key,
+        "kind": l.kind.as_str(),
+        "permits": permits,
+        "holder": holder,
+        "shared": shared,
+        "remaining_ms": l.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        "fence": l.fence,
+        "waiters": l.waiters,
+    })
+}
+
+/// An owner record as JSON.
+fn holder_json(h: &Holder) -> serde_json::Value {
+    let (at, _) = when(h.acquired_at_ms);
+    serde_json::json!({
             "service": h.service,
             "host": h.host,
             "pid": h.pid,
@@ -294,25 +339,18 @@ fn to_json(l: &LockInfo) -> serde_json::Value {
             "acquired_at_ms": h.acquired_at_ms,
             "acquired_at": at,
             "handoff": h.handoff,
-        })
-    });
-    serde_json::json!({
-        "key": l.key,
-        "redis_key": l.redis_key,
-        "holder": holder,
-        "remaining_ms": l.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        "fence": l.fence,
-        "waiters": l.waiters,
     })
 }
 
 /// `key holder lease fence waiters`, aligned like the header; the key and the holder's
 /// service and host quoted and escaped.
 fn line(l: &LockInfo) -> String {
-    let holder = l.holder.as_ref().map_or_else(
-        || "-".to_owned(),
-        |h| format!("{:?}@{:?} {}", h.service, h.host, h.pid),
-    );
+    let holder = match (l.kind, &l.holder) {
+        (LockKind::Read, _) => format!("{} readers", l.shared.len()),
+        (LockKind::Permits(n), _) => format!("{}/{n} permits", l.shared.len()),
+        (_, Some(h)) => format!("{:?}@{:?} {}", h.service, h.host, h.pid),
+        (_, None) => "-".to_owned(),
+    };
     let lease = l
         .remaining
         .map_or_else(|| "-".to_owned(), |d| format!("{}ms", d.as_millis()));

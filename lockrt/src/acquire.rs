@@ -32,18 +32,19 @@ use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use crate::backend::contract::{Attempt, Grant, Queueing, Token};
+use crate::backend::contract::{Attempt, Queueing, Token};
 use crate::cleanup::Pending;
 use crate::error::BackendError;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::handoff::QueueSpot;
 use crate::key::LockKey;
+use crate::kind::{check_kind, kind_conflict};
 use crate::lease::{Chain, LeaseInfo, NewLease};
 use crate::locker::Locker;
-use crate::options::{LockOptions, Terms, Wait};
+use crate::options::{LockKind, LockOptions, Terms, Wait};
 use crate::retry::Backoff;
-use crate::wait::{EntryHandle, Listener, Owner};
+use crate::wait::{EntryHandle, Listener, Owner, granted_at};
 
 /// How long a queued waiter's registration lives without a refresh (it refreshes at half).
 const REGISTRATION: Duration = Duration::from_secs(2);
@@ -184,7 +185,8 @@ struct Acquisition<'a> {
 
 impl<'a> Acquisition<'a> {
     fn new(locker: &'a Locker, user_key: &str, terms: Terms) -> Result<Self, LockError> {
-        let key = LockKey::new(locker.prefix(), user_key)?;
+        let key = LockKey::new(locker.prefix(), user_key)?.with_kind(terms.kind);
+        check_kind(&terms, user_key)?;
         let (ttl, wait) = (terms.ttl, terms.wait);
         let start = Instant::now();
         // A wait too large to add to the clock is no limit at all.
@@ -234,7 +236,10 @@ impl<'a> Acquisition<'a> {
 
     async fn run(self) -> Result<LockGuard, LockError> {
         let entry = self.locker.inner.notifier.entry(&self.key.tag);
-        let turn = self.take_turn(&entry).await?;
+        if self.key.kind.is_shared() {
+            return self.run_shared(entry).await;
+        }
+        let turn = Some(self.take_turn(&entry).await?);
         // In the same poll that gave this caller the turn: a lease its predecessor passed on.
         if let Some(baton) = entry.take_baton() {
             let mut claimed = crate::handoff::Claimed(self.locker, Some(baton));
@@ -248,6 +253,27 @@ impl<'a> Acquisition<'a> {
             // or the lock not found still ours: the lock goes back to Redis (dropping `claimed`
             // releases it there), and this caller asks for it there like any other.
         }
+        self.take_in_backend(entry, turn).await
+    }
+
+    /// A read share or a permit: no local turn (holders share the key) and no local hand-off;
+    /// the key's queue in the backend keeps the order, also among this locker's callers.
+    async fn run_shared(self, entry: EntryHandle) -> Result<LockGuard, LockError> {
+        if self.key.kind == LockKind::Read && entry.held_by(Owner::current()) {
+            // This task holds the write lock through a guard: a read would wait for itself.
+            return Err(LockError::HeldByThisTask {
+                key: self.key.user.to_string(),
+            });
+        }
+        self.take_in_backend(entry, None).await
+    }
+
+    /// Steps 2 to 4: attempt, wait, hold.
+    async fn take_in_backend(
+        self,
+        entry: EntryHandle,
+        turn: Option<OwnedSemaphorePermit>,
+    ) -> Result<LockGuard, LockError> {
         let mut pending = Pending {
             locker: self.locker,
             key: &self.key,
@@ -344,6 +370,10 @@ impl<'a> Acquisition<'a> {
                         counter,
                     };
                     return Ok(None);
+                }
+                Ok(Attempt::Conflict { found }) => {
+                    pending.armed = self.queue.is_some() || uncertain;
+                    return Err(kind_conflict(&self.key, found));
                 }
                 Err(e) if backoff.retry(&e).await => uncertain = true,
                 Err(e) => return Err(self.failed(e)),
@@ -442,7 +472,7 @@ impl<'a> Acquisition<'a> {
     fn make_guard(
         &self,
         entry: EntryHandle,
-        turn: OwnedSemaphorePermit,
+        turn: Option<OwnedSemaphorePermit>,
         taken: Taken,
         token: Token,
         chain: Option<Arc<Chain>>,
@@ -474,9 +504,12 @@ impl<'a> Acquisition<'a> {
             // Nobody can renew it (no runtime left): don't pretend to hold.
             info.end_by_shutdown();
         }
-        entry.set_holder(Owner::current(), &info);
+        if !self.key.kind.is_shared() {
+            // For a guard's HeldByThisTask check and the local hand-off: the one holder.
+            entry.set_holder(Owner::current(), &info);
+        }
         self.locker.note_held();
-        crate::metrics::acquired(self.start.elapsed());
+        crate::metrics::acquired(self.start.elapsed(), self.key.kind);
         tracing::debug!(
             key = ?&*self.key.user,
             fence = info.fence(),
@@ -528,16 +561,6 @@ impl<'a> Acquisition<'a> {
     }
 }
 
-/// Where a grant's lease starts on this clock: the latest busy attempt's send time `attempt`
-/// plus the server time from that attempt to the granting release (the release ran after the
-/// attempt reached Redis, so this is no later than the grant), but no later than the message's
-/// arrival (a server clock that jumped ahead must not stretch the lease). Without that time,
-/// the attempt's send time.
-fn granted_at(attempt: Instant, grant: &Grant) -> Instant {
-    let most = grant.arrived.saturating_duration_since(attempt);
-    attempt + grant.after_attempt.map_or(Duration::ZERO, |d| d.min(most))
-}
-
 /// `fut`'s output, or `None` if `deadline` passes first (`None` deadline: no limit).
 async fn within<F: Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
     match deadline {
@@ -561,38 +584,5 @@ impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
         crate::metrics::waiting(-1.0);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn grant(after_attempt: Option<Duration>, arrived: Instant) -> Grant {
-        Grant {
-            token: String::new(),
-            fence: 1,
-            after_attempt,
-            arrived,
-        }
-    }
-
-    #[test]
-    fn a_grant_starts_at_the_release_but_never_after_its_message_arrived() {
-        let ms = Duration::from_millis;
-        let attempt = Instant::now();
-        let arrived = attempt + ms(900);
-        // The release ran 800 ms after the attempt reached Redis.
-        assert_eq!(
-            granted_at(attempt, &grant(Some(ms(800)), arrived)),
-            attempt + ms(800)
-        );
-        // A server clock that jumped ahead cannot move the start past the message.
-        assert_eq!(
-            granted_at(attempt, &grant(Some(ms(5_000)), arrived)),
-            arrived
-        );
-        // A release that did not know the attempt's time: the attempt's send time.
-        assert_eq!(granted_at(attempt, &grant(None, arrived)), attempt);
     }
 }

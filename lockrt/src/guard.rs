@@ -247,7 +247,7 @@ impl Release {
         }
         match res {
             Ok(Released::Freed | Released::HandedOver) => {
-                crate::metrics::released(self.info.acquired_at.elapsed())
+                crate::metrics::released(self.info.acquired_at.elapsed(), self.info.key.kind)
             }
             // The cause found before (a forced unlock, the deadline), if any, stands.
             Ok(Released::NotOwner) => {
@@ -280,7 +280,7 @@ impl Release {
         self.info.leave_turn();
         drop(self.entry.take());
         self.locker.note_released();
-        crate::metrics::ended();
+        crate::metrics::ended(self.info.key.kind);
     }
 }
 
@@ -371,6 +371,21 @@ impl HeldLock {
     /// ```
     pub fn fence(&self) -> u64 {
         self.fence
+    }
+
+    /// What the section holds: the lock (or write lock), a read share, or a permit.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::in_memory();
+    /// let kind = locker.run("catalogue", lockrt::LockOptions::new().read(), async {
+    ///     lockrt::current_lock().map(|h| h.kind())
+    /// }).await?;
+    /// assert_eq!(kind, Some(lockrt::LockKind::Read));
+    /// # Ok(()) }
+    /// ```
+    pub fn kind(&self) -> crate::options::LockKind {
+        self.lease.key.kind
     }
 }
 

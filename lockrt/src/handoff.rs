@@ -35,7 +35,10 @@ pub(crate) fn pass_on(
 ) -> Option<ChainCheck> {
     let limit = locker.settings().local_handoff;
     let pending_min_hold = info.kept_until().is_some_and(|k| k > Instant::now());
+    // A shared lease (a read share, a permit) is never passed on: the callers queued on the
+    // turn are this locker's writers, which a share must not let in.
     if info.local >= limit
+        || info.key.kind.is_shared()
         || entry.queued() == 0
         || pending_min_hold
         || info.is_lost()
@@ -80,6 +83,7 @@ pub(crate) async fn confirm(
         by: Instant::now() + CLAIM_WITHIN,
     };
     let renewal = Renewal {
+        shared: false,
         lock: info.key.lock(),
         token: &info.token,
         lease: info.ttl,

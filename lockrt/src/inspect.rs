@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
+use crate::backend::contract::holder_fence;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::locker::Locker;
+use crate::options::LockKind;
 use crate::owner::Holder;
 
 /// At most this many locks from one [`Locker::locks`] call.
@@ -37,9 +39,41 @@ pub struct LockInfo {
     pub remaining: Option<Duration>,
     /// The holder's fencing token, when the value has lockrt's format.
     pub fence: Option<u64>,
-    /// Waiters of other processes queued for it with a live registration (always 0 in
-    /// memory, where waiters queue inside the locker).
+    /// Waiters queued for it with a live registration: in Redis those of every process
+    /// (a locker's own writers queue inside it, and only the first is counted); in memory
+    /// those of other lockers, readers and a semaphore's callers.
     pub waiters: u64,
+    /// What holds it: the lock (or write lock), readers, or a semaphore's permits. For the
+    /// last two, `holder` is `None`, `remaining` and `fence` are the largest of the holders',
+    /// and `shared` lists each one.
+    pub kind: LockKind,
+    /// Each reader or permit holder, when `kind` is [`LockKind::Read`] or
+    /// [`LockKind::Permits`]; empty for a lock.
+    pub shared: Vec<ShareInfo>,
+}
+
+/// One reader or permit holder of a key, in [`LockInfo::shared`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+/// let locker = lockrt::Locker::in_memory();
+/// let slots = lockrt::LockOptions::new().permits(3);
+/// let (_a, _b) = (locker.acquire("export", slots).await?, locker.acquire("export", slots).await?);
+/// let info = locker.lock_info("export").await?.expect("held");
+/// assert_eq!(info.kind, lockrt::LockKind::Permits(3));
+/// assert_eq!(info.shared.len(), 2);
+/// assert_eq!(info.shared[0].holder.as_ref().unwrap().pid, std::process::id());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShareInfo {
+    /// Who holds the share; `None` without a readable owner record.
+    pub holder: Option<Holder>,
+    /// Remaining lease.
+    pub remaining: Duration,
+    /// The share's fencing token.
+    pub fence: Option<u64>,
 }
 
 impl Locker {
@@ -68,6 +102,14 @@ impl Locker {
             remaining: s.remaining,
             fence: s.fence,
             waiters: s.waiters,
+            kind: s.kind,
+            shared: (s.shared.into_iter())
+                .map(|h| ShareInfo {
+                    holder: h.holder,
+                    remaining: h.remaining,
+                    fence: h.fence.map(|c| holder_fence(c, 0)),
+                })
+                .collect(),
         }))
     }
 

@@ -129,6 +129,12 @@ impl LockKey {
     }
 }
 
+/// `{lock}:s` and `{lock}:si`, the shared holders of lock key `lock` and their records (for a
+/// renewal batch, which has only the lock's name): [`LockKey::shared`], [`LockKey::shared_info`].
+pub(crate) fn shared_of_lock(lock: &str) -> (String, String) {
+    (format!("{{{lock}}}:s"), format!("{{{lock}}}:si"))
+}
+
 /// `{lock}:owner`, the owner record beside lock key `lock` (for callers that have only the
 /// lock's name, such as a renewal batch): [`LockKey::owner`].
 pub(crate) fn owner_of_lock(lock: &str) -> String {

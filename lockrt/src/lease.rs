@@ -224,7 +224,7 @@ pub(crate) struct NewLease {
 }
 
 impl LeaseInfo {
-    pub(crate) fn new(n: NewLease, turn: OwnedSemaphorePermit) -> LeaseInfo {
+    pub(crate) fn new(n: NewLease, turn: Option<OwnedSemaphorePermit>) -> LeaseInfo {
         // `max_hold` counts from when this process learned it holds the lock, not from the
         // request's send time (for a hand-over, a waiter's attempt long before it): a guard
         // is never born past its `max_hold`.
@@ -246,7 +246,7 @@ impl LeaseInfo {
             loss_reported: std::sync::atomic::AtomicBool::new(false),
             cause: OnceLock::new(),
             deadline: Mutex::new(deadline_of(n.sent, n.lease, n.safety, hold_until)),
-            turn: Mutex::new(Some(turn)),
+            turn: Mutex::new(turn),
             counter: n.counter,
             local: n.local,
             renewed: Mutex::new((n.sent, n.lease)),
@@ -477,7 +477,7 @@ pub(crate) mod tests {
             local: 0,
             chain: None,
         };
-        Arc::new(LeaseInfo::new(lease, turn))
+        Arc::new(LeaseInfo::new(lease, Some(turn)))
     }
 
     #[test]

@@ -1,35 +1,37 @@
 //! Metrics through the `metrics` facade (feature `metrics`): the application installs the
 //! exporter (Prometheus, OpenTelemetry, ...). Without the feature every function here is an
-//! empty inline fn. Names (the one label, `cause`, has five values; lock keys are never
-//! labels, they would make unbounded label values):
+//! empty inline fn. Names (label `cause` has five values, `kind` three: `exclusive`, `read`,
+//! `permits`; lock keys are never labels, they would make unbounded label values):
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
-//! | `lockrt_acquired_total` | counter | locks taken (`acquire`, `run`, the attribute) |
+//! | `lockrt_acquired_total` | counter | locks taken (`acquire`, `run`, the attribute), by `kind` |
 //! | `lockrt_timeouts_total` | counter | acquisitions whose `wait` elapsed (a `wait = 0` attempt that found the lock busy too) |
 //! | `lockrt_acquire_failures_total` | counter | acquisitions that failed on the lock server (unreachable, refused); the body never ran |
 //! | `lockrt_lost_total` | counter | leases lost while held, once each wherever found (a renewal, the deadline, the release), by `cause`: `expired`, `unreachable`, `max_hold`, `force_unlocked` |
 //! | `lockrt_force_unlocks_total` | counter | locks this locker force-unlocked (`Locker::force_unlock`, `lockctl unlock --force`) |
-//! | `lockrt_released_total` | counter | locks released |
+//! | `lockrt_released_total` | counter | locks released, by `kind` |
 //! | `lockrt_release_failures_total` | counter | releases that failed on the lock server (the lease ends the lock) |
 //! | `lockrt_renewal_failures_total` | counter | renewals that failed (retried within the deadline) |
 //! | `lockrt_wait_seconds` | histogram | time from the call to holding the lock |
 //! | `lockrt_hold_seconds` | histogram | time from holding to release |
 //! | `lockrt_handoff_seconds` | histogram | time from a waiter being woken by a release to holding the lock |
 //! | `lockrt_local_handoffs_total` | counter | locks passed to the next holder inside the process (`LockerBuilder::local_handoff`) |
-//! | `lockrt_held` | gauge | locks held now |
+//! | `lockrt_held` | gauge | locks held now, by `kind` |
 //! | `lockrt_waiting` | gauge | callers waiting for a busy lock now |
 
 use std::time::Duration;
+
+use crate::options::LockKind;
 
 #[cfg(feature = "metrics")]
 mod imp {
     use std::time::Duration;
 
-    pub(crate) fn acquired(waited: Duration) {
-        metrics::counter!("lockrt_acquired_total").increment(1);
+    pub(crate) fn acquired(waited: Duration, kind: &'static str) {
+        metrics::counter!("lockrt_acquired_total", "kind" => kind).increment(1);
         metrics::histogram!("lockrt_wait_seconds").record(waited.as_secs_f64());
-        metrics::gauge!("lockrt_held").increment(1.0);
+        metrics::gauge!("lockrt_held", "kind" => kind).increment(1.0);
     }
 
     pub(crate) fn handoff(took: Duration) {
@@ -40,13 +42,13 @@ mod imp {
         metrics::counter!("lockrt_local_handoffs_total").increment(1);
     }
 
-    pub(crate) fn released(held: Duration) {
-        metrics::counter!("lockrt_released_total").increment(1);
+    pub(crate) fn released(held: Duration, kind: &'static str) {
+        metrics::counter!("lockrt_released_total", "kind" => kind).increment(1);
         metrics::histogram!("lockrt_hold_seconds").record(held.as_secs_f64());
     }
 
-    pub(crate) fn ended() {
-        metrics::gauge!("lockrt_held").decrement(1.0);
+    pub(crate) fn ended(kind: &'static str) {
+        metrics::gauge!("lockrt_held", "kind" => kind).decrement(1.0);
     }
 
     pub(crate) fn timed_out() {
@@ -75,15 +77,15 @@ mod imp {
     use std::time::Duration;
 
     #[inline]
-    pub(crate) fn acquired(_: Duration) {}
+    pub(crate) fn acquired(_: Duration, _: &'static str) {}
     #[inline]
     pub(crate) fn handoff(_: Duration) {}
     #[inline]
     pub(crate) fn local_handoff() {}
     #[inline]
-    pub(crate) fn released(_: Duration) {}
+    pub(crate) fn released(_: Duration, _: &'static str) {}
     #[inline]
-    pub(crate) fn ended() {}
+    pub(crate) fn ended(_: &'static str) {}
     #[inline]
     pub(crate) fn timed_out() {}
     #[inline]
@@ -96,9 +98,9 @@ mod imp {
     pub(crate) fn waiting(_: f64) {}
 }
 
-/// A lock taken after waiting `waited`.
-pub(crate) fn acquired(waited: Duration) {
-    imp::acquired(waited);
+/// A lock of `kind` taken after waiting `waited`.
+pub(crate) fn acquired(waited: Duration, kind: LockKind) {
+    imp::acquired(waited, kind.as_str());
 }
 
 /// A waiter held the lock `took` after a release woke it.
@@ -111,14 +113,14 @@ pub(crate) fn local_handoff() {
     imp::local_handoff();
 }
 
-/// A lock released after being held `held`.
-pub(crate) fn released(held: Duration) {
-    imp::released(held);
+/// A lock of `kind` released after being held `held`.
+pub(crate) fn released(held: Duration, kind: LockKind) {
+    imp::released(held, kind.as_str());
 }
 
 /// A held lock's local bookkeeping ended (released, lost or dropped).
-pub(crate) fn ended() {
-    imp::ended();
+pub(crate) fn ended(kind: LockKind) {
+    imp::ended(kind.as_str());
 }
 
 /// An acquisition's wait elapsed.

@@ -320,6 +320,7 @@ async fn renew(
     let renewals: Vec<Renewal<'_>> = batch
         .iter()
         .map(|l| Renewal {
+            shared: l.key.kind.is_shared(),
             lock: l.key.lock(),
             token: &l.token,
             lease: l.ttl,
@@ -421,7 +422,7 @@ mod tests {
         let key = LockKey::new("lock:", "k").unwrap();
         let token = Token::new();
         assert!(matches!(
-            memory.acquire(&key, &token, ttl),
+            memory.acquire(&key, &token, ttl, None),
             Attempt::Acquired { .. }
         ));
         let backend = Arc::new(Backend::Memory(memory));

@@ -19,6 +19,7 @@ use crate::backend::contract::Released;
 use crate::context;
 use crate::error::{LockError, LossCause, fmt_duration, fmt_wait};
 use crate::guard::HeldLock;
+use crate::kind::reenter;
 use crate::lease::LeaseInfo;
 use crate::locker::Locker;
 use crate::options::{LockOptions, OnLost, Terms};
@@ -211,6 +212,7 @@ impl Locker {
             },
         };
         if let Some(outer) = context::held(self.inner.id, key) {
+            reenter(key, outer.lease.key.kind, opts.kind)?;
             // Reentrant: protected by the outer section's lease, and only while it lasts.
             return guarded(key, &outer.lease, opts.on_lost, fut)
                 .await
@@ -266,9 +268,10 @@ impl Locker {
 /// the body and of lockrt itself are inside it, whatever order `#[instrument]` and
 /// `#[distributed_lock]` are written in.
 fn section_span(key: &str, terms: &Terms) -> tracing::Span {
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "lock",
         key = ?key,
+        kind = tracing::field::Empty,
         ttl = %fmt_duration(terms.ttl),
         wait = %fmt_wait(terms.wait),
         fence = tracing::field::Empty,
@@ -276,7 +279,12 @@ fn section_span(key: &str, terms: &Terms) -> tracing::Span {
         waited_ms = tracing::field::Empty,
         outcome = tracing::field::Empty,
         cause = tracing::field::Empty,
-    )
+    );
+    // Only a shared kind is named: the lines of plain locks stay as they were.
+    if terms.kind.is_shared() {
+        span.record("kind", terms.kind.as_str());
+    }
+    span
 }
 
 /// Runs `body` while `lease` holds. Before every poll of the body the lease is checked on the

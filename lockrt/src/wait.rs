@@ -12,8 +12,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
 
 use crate::backend::contract::{Events, Grant, Notice};
 use crate::backend::redis::pubsub::Subscriber;
@@ -348,5 +350,50 @@ impl Drop for Listener<'_> {
         if last && let Some(sub) = &self.handle.shared.remote {
             sub.unsubscribe(&self.handle.tag);
         }
+    }
+}
+
+/// Where a grant's lease starts on this clock: the latest busy attempt's send time `attempt`
+/// plus the server time from that attempt to the granting release (the release ran after the
+/// attempt reached Redis, so this is no later than the grant), but no later than the message's
+/// arrival (a server clock that jumped ahead must not stretch the lease). Without that time,
+/// the attempt's send time.
+pub(crate) fn granted_at(attempt: Instant, grant: &Grant) -> Instant {
+    let most = grant.arrived.saturating_duration_since(attempt);
+    attempt + grant.after_attempt.map_or(Duration::ZERO, |d| d.min(most))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    fn grant(after_attempt: Option<Duration>, arrived: Instant) -> Grant {
+        Grant {
+            token: String::new(),
+            fence: 1,
+            after_attempt,
+            arrived,
+        }
+    }
+
+    #[test]
+    fn a_grant_starts_at_the_release_but_never_after_its_message_arrived() {
+        let ms = Duration::from_millis;
+        let attempt = Instant::now();
+        let arrived = attempt + ms(900);
+        // The release ran 800 ms after the attempt reached Redis.
+        assert_eq!(
+            granted_at(attempt, &grant(Some(ms(800)), arrived)),
+            attempt + ms(800)
+        );
+        // A server clock that jumped ahead cannot move the start past the message.
+        assert_eq!(
+            granted_at(attempt, &grant(Some(ms(5_000)), arrived)),
+            arrived
+        );
+        // A release that did not know the attempt's time: the attempt's send time.
+        assert_eq!(granted_at(attempt, &grant(None, arrived)), attempt);
     }
 }

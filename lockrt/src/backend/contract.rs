@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::BackendError;
+use crate::options::LockKind;
 use crate::owner::Holder;
 
 /// A fresh 128-bit random owner token, as 32 lowercase hex digits (the scripts rely on the
@@ -77,6 +78,9 @@ pub(crate) enum Attempt {
         /// with the counter unknown, a grant must be confirmed by another attempt.
         counter: Option<u64>,
     },
+    /// The key is in use as another kind of lock (a semaphore asked for as a lock, or another
+    /// number of permits): refused, never waited for.
+    Conflict { found: LockKind },
 }
 
 /// How a failed attempt joins the lock's waiter queue.
@@ -113,6 +117,8 @@ pub(crate) struct Renewal<'a> {
     /// A local hand-off's check: the lease was passed on in the process to the holder with
     /// this place in the run (see `owner::Holder::handoff`), which the owner record then names.
     pub(crate) passed_to: Option<u32>,
+    /// A read share or a permit (renewed among the key's shared holders), not the lock itself.
+    pub(crate) shared: bool,
 }
 
 /// A lock handed over by a release, as announced on the channel.
@@ -171,6 +177,18 @@ pub(crate) struct LockState {
     pub(crate) holder: Option<Holder>,
     /// Waiters of other processes queued with a live registration.
     pub(crate) waiters: u64,
+    /// What holds the key: the lock (or write lock), readers, or a semaphore's permits.
+    pub(crate) kind: LockKind,
+    /// Each reader or permit holder, when `kind` is shared.
+    pub(crate) shared: Vec<SharedState>,
+}
+
+/// One reader or permit holder as a backend reports it to inspection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SharedState {
+    pub(crate) fence: Option<u64>,
+    pub(crate) remaining: Duration,
+    pub(crate) holder: Option<Holder>,
 }
 
 /// Fences handed out per value of a key's fencing counter: the holder that took the lock from
@@ -184,6 +202,24 @@ pub(crate) fn holder_fence(counter: u64, local: u32) -> u64 {
     counter
         .saturating_mul(FENCES_PER_COUNT)
         .saturating_add(u64::from(local))
+}
+
+/// A kind as the scripts write it (`x` a lock, `r` readers, `s<n>` a semaphore of n).
+pub(crate) fn kind_code(kind: LockKind) -> String {
+    match kind {
+        LockKind::Exclusive => "x".to_owned(),
+        LockKind::Read => "r".to_owned(),
+        LockKind::Permits(n) => format!("s{n}"),
+    }
+}
+
+/// The kind the scripts wrote as `code`; `None` for anything else.
+pub(crate) fn parse_kind(code: &str) -> Option<LockKind> {
+    match code {
+        "x" => Some(LockKind::Exclusive),
+        "r" => Some(LockKind::Read),
+        _ => code.strip_prefix('s')?.parse().ok().map(LockKind::Permits),
+    }
 }
 
 /// Milliseconds for a script argument: at least 1 (0 would mean "no lease"), saturating.

@@ -9,8 +9,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::contract::{Attempt, Events, Holders, LockState, Notice, Renewal, Token};
+mod queue;
+
+use self::queue::{Queue, Share, Shared};
+use super::contract::{
+    Attempt, Events, Holders, LockState, Notice, Queueing, Renewal, SharedState, Token,
+};
 use crate::key::LockKey;
+use crate::options::LockKind;
 use crate::owner::{self, Holder};
 
 struct Held {
@@ -24,11 +30,141 @@ struct Held {
 #[derive(Default)]
 struct State {
     locks: HashMap<String, Held>,
+    /// Keys held by readers or a semaphore's permits.
+    shared: HashMap<String, Shared>,
+    /// Keys with callers waiting (only those that may wait queue).
+    queues: HashMap<String, Queue>,
     // One counter for all keys: strictly increasing per key across holders, and no state at
     // all per idle key.
     last_fence: u64,
     // Size at which expired entries are swept, so abandoned keys cannot pile up.
     sweep_at: usize,
+}
+
+impl State {
+    /// Drops lapsed entries once the maps have doubled since the last sweep, so abandoned keys
+    /// cannot pile up.
+    fn sweep(&mut self, now: Instant) {
+        let size = self.locks.len() + self.shared.len() + self.queues.len();
+        if size < self.sweep_at.max(1024) {
+            return;
+        }
+        self.locks.retain(|_, h| h.expires > now);
+        self.shared.retain(|_, s| s.live(now) > 0);
+        self.queues.retain(|_, q| !q.is_empty());
+        self.sweep_at = (self.locks.len() + self.shared.len() + self.queues.len()) * 2;
+    }
+
+    /// The live shares of `lock`, if any.
+    fn shares(&mut self, lock: &str, now: Instant) -> Option<&mut Shared> {
+        let live = self.shared.get_mut(lock).map(|s| s.live(now));
+        if live == Some(0) {
+            self.shared.remove(lock);
+        }
+        self.shared.get_mut(lock)
+    }
+
+    fn live_lock(&self, lock: &str, now: Instant) -> Option<&Held> {
+        self.locks.get(lock).filter(|h| h.expires > now)
+    }
+
+    /// What `lock` is in use as, when that is not `kind` (a lock or write lock, readers, a
+    /// semaphore of another size) and the two cannot meet.
+    fn conflict(&mut self, lock: &str, kind: LockKind, now: Instant) -> Option<LockKind> {
+        let locked = self.live_lock(lock, now).is_some();
+        let shared = self.shares(lock, now).map(|s| s.kind);
+        match (kind, shared) {
+            (LockKind::Permits(_), _) if locked => Some(LockKind::Exclusive),
+            (LockKind::Permits(n), Some(found)) if found != LockKind::Permits(n) => Some(found),
+            (LockKind::Exclusive | LockKind::Read, Some(found @ LockKind::Permits(_))) => {
+                Some(found)
+            }
+            _ => None,
+        }
+    }
+
+    /// `token`'s own live lock or share of `lock`, extended by `ttl`: its fence.
+    fn refresh(
+        &mut self,
+        lock: &str,
+        kind: LockKind,
+        token: &Token,
+        ttl: Duration,
+        now: Instant,
+    ) -> Option<u64> {
+        if kind.is_shared() {
+            let share = self.shares(lock, now)?.shares.iter_mut();
+            let share = share.into_iter().find(|s| s.token == *token)?;
+            share.expires = now + ttl;
+            return Some(share.fence);
+        }
+        let held = self.locks.get_mut(lock).filter(|h| h.expires > now)?;
+        (held.token == *token).then(|| {
+            held.expires = now + ttl;
+            held.fence
+        })
+    }
+
+    /// Whether holders keep `token` out of `lock` (`Some`, with the time until the first of
+    /// them ends, when known) and, for a semaphore, the free permits.
+    fn busy(
+        &mut self,
+        lock: &str,
+        kind: LockKind,
+        token: &Token,
+        now: Instant,
+    ) -> (Option<Option<Duration>>, Option<usize>) {
+        let locked = self
+            .live_lock(lock, now)
+            .filter(|h| h.token != *token)
+            .map(|h| h.expires - now);
+        let shares = self.shares(lock, now);
+        let (live, first_end) = shares.map_or((0, None), |s| (s.shares.len(), s.first_end(now)));
+        match kind {
+            LockKind::Permits(n) => {
+                let room = usize::try_from(n)
+                    .unwrap_or(usize::MAX)
+                    .saturating_sub(live);
+                ((room == 0).then_some(first_end), Some(room))
+            }
+            LockKind::Read => (locked.map(Some), None),
+            _ if locked.is_some() => (Some(locked), None),
+            _ => ((live > 0).then_some(first_end), None),
+        }
+    }
+
+    /// Takes `token` out of `lock`'s queue: whether it was queued.
+    fn leave_queue(&mut self, lock: &str, token: &Token) -> bool {
+        let Some(q) = self.queues.get_mut(lock) else {
+            return false;
+        };
+        let queued = q.leave(token);
+        if q.is_empty() {
+            self.queues.remove(lock);
+        }
+        queued
+    }
+
+    fn renew_share(&mut self, lock: &str, token: &Token, until: Instant, now: Instant) -> bool {
+        let share = self
+            .shares(lock, now)
+            .and_then(|s| s.shares.iter_mut().find(|s| s.token == *token));
+        share.map(|s| s.expires = until).is_some()
+    }
+
+    /// Ends `token`'s share of `lock`: whether it was live.
+    fn release_share(&mut self, lock: &str, token: &Token, now: Instant) -> bool {
+        let Some(shared) = self.shares(lock, now) else {
+            return false;
+        };
+        let before = shared.shares.len();
+        shared.shares.retain(|s| s.token != *token);
+        let released = shared.shares.len() < before;
+        if shared.shares.is_empty() {
+            self.shared.remove(lock);
+        }
+        released
+    }
 }
 
 /// The locks, shared by the lockers of one lock space ([`MemoryBackend::peer`]).
@@ -78,36 +214,64 @@ impl MemoryBackend {
         &self.owner
     }
 
-    pub(crate) fn acquire(&self, key: &LockKey, token: &Token, ttl: Duration) -> Attempt {
+    pub(crate) fn acquire(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        ttl: Duration,
+        queue: Option<Queueing>,
+    ) -> Attempt {
         let now = Instant::now();
         let mut st = self.state();
-        if st.locks.len() >= st.sweep_at.max(1024) {
-            st.locks.retain(|_, h| h.expires > now);
-            st.sweep_at = st.locks.len() * 2;
+        st.sweep(now);
+        let lock = key.lock();
+        if let Some(found) = st.conflict(lock, key.kind, now) {
+            return Attempt::Conflict { found };
         }
-        if let Some(h) = st.locks.get_mut(key.lock())
-            && h.expires > now
-        {
-            if h.token == *token {
-                h.expires = now + ttl;
-                return Attempt::Acquired { fence: h.fence };
+        if let Some(fence) = st.refresh(lock, key.kind, token, ttl, now) {
+            return Attempt::Acquired { fence };
+        }
+        let (busy, room) = st.busy(lock, key.kind, token, now);
+        let reader = key.kind == LockKind::Read;
+        let queued = st.queues.get_mut(lock);
+        let let_in = queued.is_none_or(|q| q.lets_in(token, reader, room, now));
+        if busy.is_some() || !let_in {
+            if let Some(q) = queue {
+                let places = st.queues.entry(lock.to_owned()).or_default();
+                places.join(token, reader, q.register, now);
             }
             return Attempt::Held {
-                pttl: Some(h.expires - now),
+                pttl: busy.flatten(),
                 counter: Some(st.last_fence),
             };
         }
+        st.leave_queue(lock, token);
         st.last_fence += 1;
         let fence = st.last_fence;
-        st.locks.insert(
-            key.lock().to_owned(),
-            Held {
-                token: *token,
+        let owner: Box<str> = owner::record(wall_ms(), &self.owner).into();
+        let expires = now + ttl;
+        if key.kind.is_shared() {
+            let shared = st.shared.entry(lock.to_owned()).or_insert(Shared {
+                kind: key.kind,
+                shares: Vec::new(),
+            });
+            let token = *token;
+            shared.shares.push(Share {
+                token,
                 fence,
-                expires: now + ttl,
-                owner: owner::record(wall_ms(), &self.owner).into(),
-            },
-        );
+                expires,
+                owner,
+            });
+        } else {
+            let token = *token;
+            let held = Held {
+                token,
+                fence,
+                expires,
+                owner,
+            };
+            st.locks.insert(lock.to_owned(), held);
+        }
         Attempt::Acquired { fence }
     }
 
@@ -116,33 +280,45 @@ impl MemoryBackend {
         let mut st = self.state();
         batch
             .iter()
-            .map(|r| match st.locks.get_mut(r.lock) {
-                Some(h) if h.expires > now && h.token == *r.token => {
-                    h.expires = now + r.lease;
-                    if let Some(place) = r.passed_to {
-                        h.owner = owner::record_passed(wall_ms(), &self.owner, place).into();
-                    }
-                    true
+            .map(|r| {
+                if r.shared {
+                    return st.renew_share(r.lock, r.token, now + r.lease, now);
                 }
-                _ => false,
+                match st.locks.get_mut(r.lock) {
+                    Some(h) if h.expires > now && h.token == *r.token => {
+                        h.expires = now + r.lease;
+                        if let Some(place) = r.passed_to {
+                            h.owner = owner::record_passed(wall_ms(), &self.owner, place).into();
+                        }
+                        true
+                    }
+                    _ => false,
+                }
             })
             .collect()
     }
 
     pub(crate) fn release(&self, key: &LockKey, token: &Token) -> bool {
         let now = Instant::now();
-        let freed = {
+        let (freed, unqueued) = {
             let mut st = self.state();
-            match st.locks.get(key.lock()) {
-                Some(h) if h.token == *token => {
-                    let live = h.expires > now;
-                    st.locks.remove(key.lock());
-                    live
+            let unqueued = st.leave_queue(key.lock(), token);
+            let freed = if key.kind.is_shared() {
+                st.release_share(key.lock(), token, now)
+            } else {
+                match st.locks.get(key.lock()) {
+                    Some(h) if h.token == *token => {
+                        let live = h.expires > now;
+                        st.locks.remove(key.lock());
+                        live
+                    }
+                    _ => false,
                 }
-                _ => false,
-            }
+            };
+            (freed, unqueued)
         };
-        if freed {
+        // A waiter that gave up may have held back readers or later permits.
+        if freed || unqueued {
             self.announce(&key.tag);
         }
         freed
@@ -172,52 +348,78 @@ impl MemoryBackend {
     /// One live lock as inspection reports it.
     pub(crate) fn inspect(&self, lock: &str) -> Option<LockState> {
         let now = Instant::now();
-        self.state()
-            .locks
-            .get(lock)
-            .filter(|h| h.expires > now)
-            .map(|h| LockState {
+        let mut st = self.state();
+        let waiters = st.queues.get(lock).map_or(0, Queue::len);
+        if let Some(h) = st.live_lock(lock, now) {
+            return Some(LockState {
                 fence: Some(h.fence),
                 remaining: Some(h.expires - now),
                 holder: Holder::parse(&h.owner),
-                waiters: 0,
+                waiters,
+                kind: LockKind::Exclusive,
+                shared: Vec::new(),
+            });
+        }
+        let shared = st.shares(lock, now)?;
+        let shares: Vec<SharedState> = (shared.shares.iter())
+            .map(|s| SharedState {
+                fence: Some(s.fence),
+                remaining: s.expires - now,
+                holder: Holder::parse(&s.owner),
             })
+            .collect();
+        Some(LockState {
+            fence: shares.iter().filter_map(|s| s.fence).max(),
+            remaining: shares.iter().map(|s| s.remaining).max(),
+            holder: None,
+            waiters,
+            kind: shared.kind,
+            shared: shares,
+        })
     }
 
-    /// Live lock names matching `pattern` (`*` and `?` globs), sorted.
+    /// Live lock names matching `pattern` (`*` and `?` globs), sorted: locks, and keys held
+    /// by readers or permits.
     pub(crate) fn scan(&self, pattern: &str) -> Vec<String> {
         let now = Instant::now();
-        let mut out: Vec<String> = self
-            .state()
-            .locks
-            .iter()
-            .filter(|(k, h)| h.expires > now && glob(pattern, k))
-            .map(|(k, _)| k.clone())
+        let st = self.state();
+        let locks = (st.locks.iter()).filter(|(_, h)| h.expires > now);
+        let shared = (st.shared.iter()).filter(|(_, s)| s.shares.iter().any(|s| s.expires > now));
+        let mut out: Vec<String> = locks
+            .map(|(k, _)| k)
+            .chain(shared.map(|(k, _)| k))
+            .filter(|k| glob(pattern, k))
+            .cloned()
             .collect();
         out.sort();
         out
     }
 
-    /// Removes the lock whoever holds it; its holder's lease monitor declares it lost at once.
+    /// Removes the lock, or every read share or permit of the key, whoever holds it; its
+    /// holders' lease monitors declare it lost at once.
     pub(crate) fn force_release(&self, key: &LockKey) -> bool {
         let now = Instant::now();
-        let revoked = {
+        let revoked: Vec<Token> = {
             let mut st = self.state();
-            st.locks
-                .remove(key.lock())
+            let lock = (st.locks.remove(key.lock()))
                 .filter(|h| h.expires > now)
-                .map(|h| h.token)
+                .map(|h| h.token);
+            let shares = st.shared.remove(key.lock()).map(|s| s.shares);
+            let shares = shares.into_iter().flatten().filter(|s| s.expires > now);
+            lock.into_iter().chain(shares.map(|s| s.token)).collect()
         };
-        let Some(token) = revoked else {
+        if revoked.is_empty() {
             return false;
-        };
+        }
         let holders: Vec<_> = (self.space.holders.lock().unwrap_or_else(|p| p.into_inner()))
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
         for h in holders {
-            // In process: this is the forced unlock itself, not a message anyone could send.
-            h.revoked(token.as_str());
+            for token in &revoked {
+                // In process: this is the forced unlock itself, not a message anyone could send.
+                h.revoked(token.as_str());
+            }
         }
         self.announce(&key.tag);
         true
@@ -294,13 +496,13 @@ mod tests {
         let key = LockKey::new("lock:", "k").unwrap();
         let (a, b) = (Token::new(), Token::new());
         let ttl = Duration::from_secs(3);
-        let Attempt::Acquired { fence } = m.acquire(&key, &a, ttl) else {
+        let Attempt::Acquired { fence } = m.acquire(&key, &a, ttl, None) else {
             panic!("free lock not taken")
         };
         tokio::time::advance(Duration::from_millis(2_999)).await;
         assert_eq!(m.pttl(key.lock()), Some(Duration::from_millis(1)));
         assert_eq!(
-            m.acquire(&key, &b, ttl),
+            m.acquire(&key, &b, ttl, None),
             Attempt::Held {
                 pttl: Some(Duration::from_millis(1)),
                 counter: Some(fence)
@@ -311,6 +513,7 @@ mod tests {
             token: t,
             lease: ttl,
             passed_to: None,
+            shared: false,
         };
         assert_eq!(m.renew(&[renewal(&b), renewal(&a)]), vec![false, true]);
         tokio::time::advance(ttl).await;
@@ -319,7 +522,7 @@ mod tests {
             None,
             "expired exactly a ttl after the renewal"
         );
-        let Attempt::Acquired { fence: next } = m.acquire(&key, &b, ttl) else {
+        let Attempt::Acquired { fence: next } = m.acquire(&key, &b, ttl, None) else {
             panic!("expired lock not taken")
         };
         assert!(next > fence);

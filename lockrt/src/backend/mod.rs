@@ -36,8 +36,9 @@ impl Backend {
     ) -> Result<Attempt, BackendError> {
         match self {
             Backend::Redis(b) => b.acquire(key, token, ttl, queue).await,
-            // One process: its callers already queue on the locker's per-key turn.
-            Backend::Memory(b) => Ok(b.acquire(key, token, ttl)),
+            // One process: a locker's writers queue on its per-key turn first; the backend's
+            // queue orders lockers, readers and a semaphore's callers.
+            Backend::Memory(b) => Ok(b.acquire(key, token, ttl, queue)),
         }
     }
 
@@ -82,6 +83,7 @@ impl Backend {
             Backend::Memory(b) => Ok(match keep {
                 Some(keep) => {
                     let renewal = Renewal {
+                        shared: key.kind.is_shared(),
                         lock: key.lock(),
                         token,
                         lease: keep,

@@ -6,13 +6,25 @@
 -- while it holds anything: it declares the lease lost at once. Published before release.lua's
 -- part runs, which is the same instant for everyone else (a script is atomic); denied (an ACL
 -- without that channel) or unheard, the holder's next renewal finds the lock not its own.
--- A lock that is not held changes nothing ({rid, 0}).
+-- A key held by readers or a semaphore's holders loses all of them, each revoked the same
+-- way, and the queue's head gets the key. A lock that is not held changes nothing ({rid, 0}).
 do
-  local held = redis.call('GET', KEYS[1])
-  if type(held) ~= 'string' or #held < 33 then return {rid, 0} end
-  ARGV[2] = string.sub(held, 1, 32)
   local revoke = ARGV[#ARGV]
-  if #ARGV > 2 and string.sub(revoke, -8) == '}:revoke' then
-    redis.pcall('PUBLISH', revoke, ARGV[2])
+  local heard = #ARGV > 2 and string.sub(revoke, -8) == '}:revoke'
+  local held = redis.call('GET', KEYS[1])
+  if type(held) ~= 'string' or #held < 33 then
+    if redis.call('EXISTS', KEYS[6]) == 0 or live_shared() == 0 then return {rid, 0} end
+    local kind = redis.call('HGET', KEYS[7], 'kind')
+    for _, t in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
+      if heard then redis.pcall('PUBLISH', revoke, t) end
+    end
+    redis.call('DEL', KEYS[6], KEYS[7])
+    local sem = kind and string.sub(kind, 1, 1) == 's' and kind or nil
+    local room = sem and tonumber(string.sub(kind, 2)) or 0
+    local granted, stale = hand_over(ARGV[3], ARGV[4], '', sem, room)
+    if granted == 0 and stale then redis.pcall('PUBLISH', ARGV[3], 'r') end
+    return {rid, granted > 0 and 2 or 1}
   end
+  ARGV[2] = string.sub(held, 1, 32)
+  if heard then redis.pcall('PUBLISH', revoke, ARGV[2]) end
 end

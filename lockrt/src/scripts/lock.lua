@@ -26,15 +26,11 @@ local function owner_text(owner)
   return string.sub(owner, 1, 256)
 end
 
--- Gives lock KEYS[1] to `holder` for `lease` ms with the next fence from counter KEYS[2];
--- returns the fence and its decimal text. A live counter increments; a new one starts at the
--- server time in µs, above any fence an expired counter can have issued (it grew by at most
--- one per acquisition). The counter's lifetime is one rule for every script: `retention` ms,
--- and never less than twice the lease, so it outlives the lock it fences.
---
--- With KEYS[5] (`{lock}:owner`), the holder's identity goes beside the lock with the same PTTL:
--- "<acquired-at server ms>|<owner>", where `owner` is the client's text (see `owner_text`).
-local function take_lock(holder, lease, retention, owner)
+-- The next fence from counter KEYS[2], and its decimal text. A live counter increments; a new
+-- one starts at the server time in µs, above any fence an expired counter can have issued (it
+-- grew by at most one per acquisition). The counter's lifetime is one rule for every script:
+-- `retention` ms, and never less than twice the lease, so it outlives the lock it fences.
+local function next_fence(lease, retention)
   local fence = redis.call('INCR', KEYS[2])
   if fence == 1 then
     fence = now_us()
@@ -42,11 +38,157 @@ local function take_lock(holder, lease, retention, owner)
     redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', string.format('%.0f', life))
   end
   -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
-  local text = string.format('%.0f', fence)
+  return fence, string.format('%.0f', fence)
+end
+
+-- Gives lock KEYS[1] to `holder` for `lease` ms with the next fence (see `next_fence`);
+-- returns the fence and its decimal text.
+--
+-- KEYS[5] (`{lock}:owner`) gets the holder's identity beside the lock with the same PTTL:
+-- "<acquired-at server ms>|<owner>", where `owner` is the client's text (see `owner_text`).
+local function take_lock(holder, lease, retention, owner)
+  local fence, text = next_fence(lease, retention)
   redis.call('SET', KEYS[1], holder .. ':' .. text, 'PX', lease)
-  if KEYS[5] then
-    redis.call('SET', KEYS[5], string.format('%.0f', now_ms()) .. '|' .. owner_text(owner), 'PX', lease)
-  end
+  redis.call('SET', KEYS[5], string.format('%.0f', now_ms()) .. '|' .. owner_text(owner), 'PX', lease)
   return fence, text
 end
 
+-- Shared holders (readers, or the holders of a semaphore's permits). KEYS[6]: zset token ->
+-- lease expiry (server ms); a holder is live while its expiry is in the future. KEYS[7]: hash,
+-- field 'kind' ('r' readers, 's<n>' a semaphore of n permits) and per holder
+-- token -> "<fence>|<acquired-at ms>|<owner>". Both live at least as long as every lease in
+-- them (`keep_shared` only ever extends them) and go when the last holder goes.
+local function keep_shared(lease)
+  for _, k in ipairs({KEYS[6], KEYS[7]}) do
+    if redis.call('PTTL', k) < tonumber(lease) then redis.call('PEXPIRE', k, lease) end
+  end
+end
+
+-- Drops holders whose lease ran out (at most 64 per call: more counts as held, never as free)
+-- and returns how many remain.
+local function live_shared()
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', string.format('%.0f', now_ms()),
+    'LIMIT', 0, 64)
+  for _, t in ipairs(gone) do
+    redis.call('ZREM', KEYS[6], t)
+    redis.call('HDEL', KEYS[7], t)
+  end
+  local n = redis.call('ZCARD', KEYS[6])
+  if n == 0 then redis.call('DEL', KEYS[6], KEYS[7]) end
+  return n
+end
+
+-- Time until the first shared lease runs out (ms), for a waiter's fallback timer.
+local function shared_pttl()
+  local first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')[2]
+  return math.max(1, (tonumber(first) or now_ms()) - now_ms())
+end
+
+-- Makes `holder` a shared holder of kind `kind` for `lease` ms with the next fence; returns the
+-- fence and its text.
+local function take_shared(holder, lease, retention, owner, kind)
+  local fence, text = next_fence(lease, retention)
+  local now = string.format('%.0f', now_ms())
+  redis.call('ZADD', KEYS[6], string.format('%.0f', now_ms() + tonumber(lease)), holder)
+  redis.call('HSET', KEYS[7], 'kind', kind, holder, text .. '|' .. now .. '|' .. owner_text(owner))
+  keep_shared(lease)
+  return fence, text
+end
+
+-- The fencing counter's value, -1 when it does not exist.
+local function counter()
+  return tonumber(redis.call('GET', KEYS[2]) or '-1')
+end
+
+-- The waiter queue: KEYS[3] zset token -> arrival, KEYS[4] hash token ->
+-- "<registration expiry ms>:<grant lease ms>:<attempt µs>", "o:<token>" its identity,
+-- "k:<token>" = 'r' for a reader (absent: a writer, or a semaphore's waiter).
+-- Queues the caller (ARGV[2]) or refreshes its place, for ARGV[5] ms (0: does not queue); the
+-- lease it is granted on release is ARGV[6] ms, its identity ARGV[7], its kind ARGV[8].
+local function enqueue()
+  local token, reg = ARGV[2], tonumber(ARGV[5])
+  if reg <= 0 then return end
+  if not redis.call('ZSCORE', KEYS[3], token) then
+    redis.call('ZADD', KEYS[3], now_us(), token)
+  end
+  local expiry, at = string.format('%.0f', now_ms() + reg), string.format('%.0f', now_us())
+  redis.call('HSET', KEYS[4], token, expiry .. ':' .. ARGV[6] .. ':' .. at,
+    'o:' .. token, owner_text(ARGV[7]))
+  if ARGV[8] == 'r' then redis.call('HSET', KEYS[4], 'k:' .. token, 'r') end
+  redis.call('PEXPIRE', KEYS[3], reg * 2)
+  redis.call('PEXPIRE', KEYS[4], reg * 2)
+end
+
+local function unqueue(t)
+  redis.call('ZREM', KEYS[3], t)
+  redis.call('HDEL', KEYS[4], t, 'o:' .. t, 'k:' .. t)
+end
+
+-- The release of `token` where it holds nothing (a waiter that gave up, or a late release):
+-- only its queue place goes, and when it was a writer or a semaphore's waiter while shared
+-- holders are there, the waiters it may have held back are told to retry ("r" on ARGV[3]).
+-- With `abandon`, KEYS[8] marks the acquisition abandoned. {rid, 3} when this token's own
+-- release had already happened (its proof, KEYS[8]), {rid, 0} otherwise.
+local function not_holder(token, abandon)
+  local reader = redis.call('HGET', KEYS[4], 'k:' .. token) == 'r'
+  if redis.call('ZREM', KEYS[3], token) == 1 then
+    redis.call('HDEL', KEYS[4], token, 'o:' .. token, 'k:' .. token)
+    if not reader and redis.call('EXISTS', KEYS[6]) == 1 then
+      redis.pcall('PUBLISH', ARGV[3], 'r')
+    end
+  end
+  local proof = KEYS[8] and redis.call('EXISTS', KEYS[8]) == 1
+  if abandon then redis.call('SET', KEYS[8], 'a', 'PX', ARGV[5]) end
+  if proof then return {rid, 3} end
+  return {rid, 0}
+end
+
+-- Waiter `t`'s granted lease and latest attempt (µs text, may be empty) while its registration
+-- is live; nil when it lapsed or is missing.
+local function registration(t)
+  local info = redis.call('HGET', KEYS[4], t)
+  local expiry, lease, at = string.match(info or '', '^(%d+):(%d+):?(%d*)$')
+  if expiry and tonumber(expiry) > now_ms() then return lease, at end
+  return nil
+end
+
+-- Hands the free lock (or `room` free permits of semaphore `sem`, 's<n>') to the head of the
+-- queue, skipping `skip` (the releasing token) and dropping lapsed registrations (at most 64
+-- entries looked at): a writer at the head takes the lock alone; a run of readers at the head
+-- shares it, up to the next writer; a semaphore's waiters take the free permits in order. Each
+-- grant is published on `channel` as "g:<token>:<fence>:<µs>", <µs> the server time since
+-- that waiter's latest attempt. Returns how many were granted and whether any registration
+-- was dropped or the look ran out (waiters should then retry: "r" is published).
+local function hand_over(channel, retention, skip, sem, room)
+  local granted, stale = 0, false
+  for _ = 1, 64 do
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not head then return granted, stale end
+    local lease, at = registration(head)
+    if not lease or head == skip then
+      unqueue(head)
+      stale = true
+    else
+      local reader = redis.call('HGET', KEYS[4], 'k:' .. head) == 'r'
+      if (sem and granted >= room) or (not sem and not reader and granted > 0) then
+        return granted, stale
+      end
+      local who = redis.call('HGET', KEYS[4], 'o:' .. head)
+      unqueue(head)
+      local text
+      if sem or reader then
+        _, text = take_shared(head, lease, retention, who, sem or 'r')
+      else
+        _, text = take_lock(head, lease, retention, who)
+      end
+      local msg = 'g:' .. head .. ':' .. text
+      if at ~= '' then
+        msg = msg .. ':' .. string.format('%.0f', math.max(0, now_us() - tonumber(at)))
+      end
+      redis.pcall('PUBLISH', channel, msg)
+      granted = granted + 1
+      if not sem and not reader then return granted, stale end
+    end
+  end
+  return granted, true
+end

@@ -1,34 +1,51 @@
 -- (lock.lua comes first: `rid`, `now_ms`, `owns`.)
--- Renews a batch of leases in one round trip. For lock i (1..n): KEYS[i] is the lock,
--- ARGV[1 + i] the owner token, ARGV[1 + n + i] the new lease in ms. Only the owner may extend.
--- KEYS[n + i] (optional, when #KEYS is 2n): lock i's owner key, given the same new PTTL.
+-- Renews a batch of leases in one round trip. For lease i (1..n): KEYS[i] is the lock,
+-- KEYS[n + i] its owner key, ARGV[1 + i] the owner token, ARGV[1 + n + i] the new lease in ms.
+-- Only the owner may extend. A shared lease (a read share or a permit) is sent as 's<token>',
+-- with KEYS[i] the key's shared holders and KEYS[n + i] their records (see `keep_shared`); it
+-- is renewed while its expiry is still in the future.
 -- ARGV[2 + 2n] (optional, a batch of one only): the check of a local hand-off, the place of
 -- the holder the lease was passed to in its process. The owner key then names that holder:
 -- "<server ms>|<owner>|<place>", `owner` the first four fields of the record it had.
 -- Each key is read with pcall: a key someone overwrote with another type (WRONGTYPE) is
 -- "not held" for its own lease only, and never aborts the batch.
 -- Returns {rid, r1, ..., rn}: ri = 1 renewed, 0 no longer held by that token.
-local n = math.floor((#ARGV - 1) / 2)
-local owners = #KEYS == 2 * n
+local n = #KEYS / 2
 local passed = n == 1 and ARGV[4]
+
+-- Shared lease i of token `t`.
+local function renew_shared(i, t, lease)
+  local expiry = redis.pcall('ZSCORE', KEYS[i], t)
+  if type(expiry) ~= 'string' or tonumber(expiry) <= now_ms() then return 0 end
+  redis.call('ZADD', KEYS[i], 'XX', string.format('%.0f', now_ms() + tonumber(lease)), t)
+  for _, k in ipairs({KEYS[i], KEYS[n + i]}) do
+    if redis.call('PTTL', k) < tonumber(lease) then redis.call('PEXPIRE', k, lease) end
+  end
+  return 1
+end
+
+-- Exclusive lease i of token `t`.
+local function renew_lock(i, t, lease)
+  if not owns(redis.pcall('GET', KEYS[i]), t) then return 0 end
+  redis.call('PEXPIRE', KEYS[i], lease)
+  local rec = passed and redis.pcall('GET', KEYS[n + i])
+  local who = type(rec) == 'string' and string.match(rec, '^%d+|([^|]*|[^|]*|[^|]*|[^|]*)')
+  if who then
+    redis.call('SET', KEYS[n + i], string.format('%.0f', now_ms()) .. '|' .. who .. '|' .. passed,
+      'PX', lease)
+  else
+    redis.pcall('PEXPIRE', KEYS[n + i], lease)
+  end
+  return 1
+end
+
 local out = {rid}
 for i = 1, n do
-  local cur = redis.pcall('GET', KEYS[i])
-  if owns(cur, ARGV[1 + i]) then
-    redis.call('PEXPIRE', KEYS[i], ARGV[1 + n + i])
-    if owners then
-      local rec = passed and redis.pcall('GET', KEYS[n + i])
-      local who = type(rec) == 'string' and string.match(rec, '^%d+|([^|]*|[^|]*|[^|]*|[^|]*)')
-      if who then
-        redis.call('SET', KEYS[n + i], string.format('%.0f', now_ms()) .. '|' .. who .. '|' .. passed,
-          'PX', ARGV[1 + n + i])
-      else
-        redis.pcall('PEXPIRE', KEYS[n + i], ARGV[1 + n + i])
-      end
-    end
-    out[i + 1] = 1
+  local t, lease = ARGV[1 + i], ARGV[1 + n + i]
+  if #t == 33 and string.sub(t, 1, 1) == 's' then
+    out[i + 1] = renew_shared(i, string.sub(t, 2), lease)
   else
-    out[i + 1] = 0
+    out[i + 1] = renew_lock(i, t, lease)
   end
 end
 return out

@@ -14,6 +14,7 @@ mod listener;
 mod notice;
 pub(crate) mod pubsub;
 mod revoke;
+mod scan;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
@@ -23,21 +24,22 @@ mod version;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
-use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
+use redis::{Cmd, Value};
 
 use self::connector::{Conn, Connector};
 use self::link::Link;
 use self::pubsub::Subscriber;
 use self::scripts::{
-    ACQUIRE, Call, FORCE, INSPECT, RELEASE, RENEW, Scripts, ints, lock_keys, per_lease,
+    ACQUIRE, Call, FORCE, INSPECT, RELEASE, RENEW, SHARED_ACQUIRE, SHARED_RELEASE, Scripts, ints,
+    lock_keys, per_lease,
 };
 use self::settings::{RedisSettings, Timeouts, TlsFiles, Topology};
 use crate::backend::contract::{
-    Attempt, LockState, Queueing, Released, Renewal, Renewed, Token, millis,
+    Attempt, LockState, Queueing, Released, Renewal, Renewed, SharedState, Token, kind_code,
+    millis, parse_kind,
 };
 use crate::error::BackendError;
-use crate::key::{LockKey, owner_of_lock, slot_of};
+use crate::key::{LockKey, owner_of_lock, shared_of_lock, slot_of};
 use crate::owner::Holder;
 
 /// Parses the topology into a [`Connector`]; an invalid URL or setting is a permanent error
@@ -140,7 +142,7 @@ impl RedisBackend {
         // Marked by the compensation of an acquisition that was given up: refused from then on.
         let done = key.done(token.as_str());
         let call = Call {
-            nkeys: 6,
+            nkeys: 8,
             keys: |c: &mut Cmd| {
                 lock_keys(c, key);
                 c.arg(&done);
@@ -152,15 +154,26 @@ impl RedisBackend {
                     .arg(register)
                     .arg(grant)
                     .arg(&self.owner);
+                if key.kind.is_shared() {
+                    c.arg(kind_code(key.kind));
+                }
             },
         };
-        let reply = self.scripts.invoke(&ACQUIRE, true, call).await?;
+        let script = if key.kind.is_shared() {
+            &*SHARED_ACQUIRE
+        } else {
+            &*ACQUIRE
+        };
+        let reply = self.scripts.invoke(script, true, call).await?;
         if let Some(e) = reply.unacknowledged {
             // Not acknowledged: the lock must not count, so it must not stay either. No proof
             // and no mark: the acquisition goes on with this token, and a proof from before it
             // held would hide a later loss.
             let _ = self.release_as(key, Some(token), Mode::Rollback).await;
             return Err(e);
+        }
+        if let Some(found) = conflict(&reply.values) {
+            return Ok(Attempt::Conflict { found });
         }
         let reply = ints(&reply.values);
         let n = reply.get(1).copied().unwrap_or(0);
@@ -275,15 +288,24 @@ impl RedisBackend {
             nkeys: 2 * batch.len(),
             keys: |c: &mut Cmd| {
                 for r in batch {
-                    c.arg(r.lock);
+                    match r.shared {
+                        true => c.arg(shared_of_lock(r.lock).0),
+                        false => c.arg(r.lock),
+                    };
                 }
                 for r in batch {
-                    c.arg(owner_of_lock(r.lock));
+                    match r.shared {
+                        true => c.arg(shared_of_lock(r.lock).1),
+                        false => c.arg(owner_of_lock(r.lock)),
+                    };
                 }
             },
             args: |c: &mut Cmd| {
                 for r in batch {
-                    c.arg(r.token.as_str());
+                    match r.shared {
+                        true => c.arg(format!("s{}", r.token.as_str())),
+                        false => c.arg(r.token.as_str()),
+                    };
                 }
                 for r in batch {
                     c.arg(millis(r.lease));
@@ -355,7 +377,7 @@ impl RedisBackend {
             .filter(|_| !matches!(mode, Mode::Rollback))
             .map(|t| key.done(t.as_str()));
         let call = Call {
-            nkeys: if done.is_some() { 6 } else { 5 },
+            nkeys: if done.is_some() { 8 } else { 7 },
             keys: |c: &mut Cmd| {
                 lock_keys(c, key);
                 if let Some(done) = &done {
@@ -378,7 +400,11 @@ impl RedisBackend {
                 }
             },
         };
-        let script = if token.is_some() { &*RELEASE } else { &*FORCE };
+        let script = match (token, key.kind.is_shared()) {
+            (None, _) => &*FORCE,
+            (Some(_), false) => &*RELEASE,
+            (Some(_), true) => &*SHARED_RELEASE,
+        };
         let reply = ints(&self.scripts.invoke(script, false, call).await?.values);
         Ok(match reply.first() {
             Some(0) => Released::NotOwner,
@@ -422,28 +448,9 @@ impl RedisBackend {
         &self,
         key: &LockKey,
     ) -> Result<Option<LockState>, BackendError> {
-        let raw = self.inspect(key).await?;
-        if raw.value.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(LockState {
-            fence: fence_of_value(&raw.value),
-            remaining: u64::try_from(raw.pttl).ok().map(Duration::from_millis),
-            holder: Holder::parse(&raw.owner),
-            waiters: u64::try_from(raw.waiters).unwrap_or(0),
-        }))
-    }
-
-    /// The raw state of one lock, read by inspect.lua.
-    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<RawLock, BackendError> {
         let call = Call {
-            nkeys: 4,
-            keys: |c: &mut Cmd| {
-                c.arg(key.lock())
-                    .arg(key.owner())
-                    .arg(key.queue())
-                    .arg(key.waiters());
-            },
+            nkeys: 7,
+            keys: |c: &mut Cmd| lock_keys(c, key),
             args: |_: &mut Cmd| {},
         };
         let reply = self.scripts.invoke(&INSPECT, false, call).await?.values;
@@ -456,106 +463,54 @@ impl RedisBackend {
             Some(Value::Int(n)) => *n,
             _ => -1,
         };
-        Ok(RawLock {
-            value: text(0),
-            pttl: int(1),
-            owner: text(2),
-            waiters: int(3),
-        })
-    }
-
-    /// Lock keys matching `pattern` (a `SCAN MATCH` glob over full Redis names), at most
-    /// `limit`. On a Cluster every master is scanned (masters from `CLUSTER SLOTS`).
-    pub(crate) async fn scan(
-        &self,
-        pattern: &str,
-        limit: usize,
-    ) -> Result<Vec<String>, BackendError> {
-        let (mut conn, generation) = self.link.conn().await?;
-        let masters = match self.connector.masters(&mut conn).await {
-            Ok(m) => m,
-            Err(e) => {
-                self.link.after_failure(generation, &e);
-                return Err(self.link.error(&e));
-            }
-        };
-        let mut out = Vec::new();
-        match masters {
-            None => scan_one(&mut conn, pattern, limit, &mut out)
-                .await
-                .map_err(|e| {
-                    self.link.after_failure(generation, &e);
-                    self.link.error(&e)
-                })?,
-            Some(clients) => {
-                for client in clients {
-                    let mut node = self.node_conn(&client).await?;
-                    scan_one(&mut node, pattern, limit, &mut out)
-                        .await
-                        .map_err(|e| self.link.error(&e))?;
+        let value = text(0);
+        let waiters = u64::try_from(int(3)).unwrap_or(0);
+        let shared: Vec<SharedState> = (5..reply.len())
+            .step_by(2)
+            .map(|i| {
+                let record = text(i + 1);
+                let (fence, owner) = record.split_once('|').unwrap_or(("", ""));
+                SharedState {
+                    fence: fence.parse().ok(),
+                    remaining: Duration::from_millis(u64::try_from(int(i)).unwrap_or(0)),
+                    holder: Holder::parse(owner),
                 }
-            }
+            })
+            .collect();
+        if !value.is_empty() {
+            return Ok(Some(LockState {
+                fence: fence_of_value(&value),
+                remaining: u64::try_from(int(1)).ok().map(Duration::from_millis),
+                holder: Holder::parse(&text(2)),
+                waiters,
+                kind: crate::options::LockKind::Exclusive,
+                shared: Vec::new(),
+            }));
         }
-        out.sort();
-        out.dedup();
-        out.truncate(limit);
-        Ok(out)
-    }
-
-    /// A plain connection to one cluster node, bounded by the timeouts.
-    async fn node_conn(
-        &self,
-        client: &redis::Client,
-    ) -> Result<redis::aio::MultiplexedConnection, BackendError> {
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeouts.connect))
-            .set_response_timeout(Some(self.timeouts.response));
-        tokio::time::timeout(
-            self.timeouts.connect.saturating_add(self.timeouts.response),
-            client.get_multiplexed_async_connection_with_config(&cfg),
-        )
-        .await
-        .map_err(|_| BackendError::new(self.addr.clone(), "a cluster node did not answer in time"))?
-        .map_err(|e| self.link.error(&e))
+        let Some(kind) = parse_kind(&text(4)).filter(|_| !shared.is_empty()) else {
+            return Ok(None);
+        };
+        Ok(Some(LockState {
+            fence: shared.iter().filter_map(|s| s.fence).max(),
+            remaining: shared.iter().map(|s| s.remaining).max(),
+            holder: None,
+            waiters,
+            kind,
+            shared,
+        }))
     }
 }
 
-/// Appends the lock keys matching `pattern` on the server behind `conn` (at most `limit`).
-async fn scan_one(
-    conn: &mut impl ConnectionLike,
-    pattern: &str,
-    limit: usize,
-    out: &mut Vec<String>,
-) -> Result<(), RedisError> {
-    let mut cursor: u64 = 0;
-    // Bounded by the keyspace: SCAN ends with cursor 0, or at `limit` keys.
-    loop {
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(500);
-        let (next, keys): (u64, Vec<String>) = cmd.query_async(conn).await?;
-        // Auxiliary names (`{lock}:…`) carry braces; lock keys never do.
-        out.extend(keys.into_iter().filter(|k| !k.contains(['{', '}'])));
-        cursor = next;
-        if cursor == 0 || out.len() >= limit {
-            return Ok(());
-        }
+/// The kind a `-6` reply of an acquire script names: the key is in use as that kind.
+fn conflict(reply: &[Value]) -> Option<crate::options::LockKind> {
+    let code = ints(reply);
+    if code.first() != Some(&0) || code.get(1) != Some(&-6) {
+        return None;
     }
-}
-
-/// One lock as inspect.lua reads it.
-#[derive(Debug, Clone)]
-pub(crate) struct RawLock {
-    /// `<token>:<fence>`, empty when free.
-    pub(crate) value: String,
-    /// `PTTL` of the lock key (negative when absent or without expiry).
-    pub(crate) pttl: i64,
-    /// `<acquired-at ms>|<service>|<host>|<pid>|<instance id>`, empty when absent.
-    pub(crate) owner: String,
-    pub(crate) waiters: i64,
+    match reply.get(3) {
+        Some(Value::BulkString(b)) => parse_kind(&String::from_utf8_lossy(b)),
+        _ => None,
+    }
 }
 
 /// The fence in a lock's value `<token>:<fence>` (the token is 32 hex digits, see `Token`),

@@ -50,6 +50,10 @@ pub(crate) static RENEW: LazyLock<Lua> =
     LazyLock::new(|| lua(include_str!("../../scripts/renew.lua")));
 pub(crate) static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| lua(include_str!("../../scripts/release.lua")));
+pub(crate) static SHARED_ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| lua(include_str!("../../scripts/shared_acquire.lua")));
+pub(crate) static SHARED_RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| lua(include_str!("../../scripts/shared_release.lua")));
 pub(crate) static INSPECT: LazyLock<Lua> =
     LazyLock::new(|| lua(include_str!("../../scripts/inspect.lua")));
 /// Force-unlock: finds the holder's token, then runs release.lua's logic for it.
@@ -280,7 +284,9 @@ pub(crate) fn lock_keys(c: &mut Cmd, key: &LockKey) {
         .arg(key.fence())
         .arg(key.queue())
         .arg(key.waiters())
-        .arg(key.owner());
+        .arg(key.owner())
+        .arg(key.shared())
+        .arg(key.shared_info());
 }
 
 fn is_noscript(e: &RedisError) -> bool {

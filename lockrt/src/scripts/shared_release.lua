@@ -1,0 +1,28 @@
+-- (lock.lua comes first: `rid`, the queue, the shared holders, `hand_over`.)
+-- Releases the share (read share or permit) of owner token ARGV[2] on key KEYS[1]; otherwise
+-- only drops ARGV[2] from the waiter queue. KEYS and ARGV as in release.lua (KEYS[8], the
+-- token's done mark, optional; ARGV[6] = 'a' an abandoned acquisition's compensation).
+-- The last reader out hands the lock to the head of the queue (a writer, or the readers queued
+-- ahead of any writer); a permit goes to the longest waiter of the semaphore. Returns {rid, n}
+-- as release.lua: 0 not a holder, 1 released, 2 released and handed over, 3 released before.
+local token = ARGV[2]
+local abandon = KEYS[8] and ARGV[6] == 'a'
+local kind = redis.call('HGET', KEYS[7], 'kind')
+local expiry = redis.call('ZSCORE', KEYS[6], token)
+if not expiry or tonumber(expiry) <= now_ms() then
+  return not_holder(token, abandon)
+end
+redis.call('ZREM', KEYS[6], token)
+redis.call('HDEL', KEYS[7], token)
+if KEYS[8] then redis.call('SET', KEYS[8], abandon and 'a' or '1', 'PX', ARGV[5]) end
+
+local held = live_shared()
+local granted, stale = 0, false
+if kind and string.sub(kind, 1, 1) == 's' then
+  granted, stale = hand_over(ARGV[3], ARGV[4], token, kind, tonumber(string.sub(kind, 2)) - held)
+elseif held == 0 and redis.call('EXISTS', KEYS[1]) == 0 then
+  granted, stale = hand_over(ARGV[3], ARGV[4], token, nil, 0)
+end
+if granted > 0 then return {rid, 2} end
+if stale then redis.pcall('PUBLISH', ARGV[3], 'r') end
+return {rid, 1}

@@ -1,0 +1,150 @@
+//! Semaphores with leased permits (`LockOptions::permits(n)`): at most n holders at once
+//! across lockers, FIFO hand-over of a released permit, a crashed holder's permit back when
+//! its lease ends, clear errors for a key used as another kind or with another n; on Redis,
+//! on a Cluster and in memory.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lockrt::testing::{RedisCluster, RedisServer};
+use lockrt::{LockError, LockKind, LockOptions, Locker};
+use tokio::time::Instant;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn slots(n: u32) -> LockOptions {
+    LockOptions::new().permits(n).ttl(ms(5_000)).wait(ms(5_000))
+}
+
+fn conflict(res: Result<Option<lockrt::LockGuard>, LockError>) -> String {
+    match res {
+        Err(LockError::KindConflict { reason, .. }) => reason,
+        other => panic!("expected a kind conflict, got {other:?}"),
+    }
+}
+
+/// n permits and no more; each holder its own fence; inspection lists them; a key in use as
+/// a semaphore is refused as a lock, a read lock or a semaphore of another size, and the
+/// other way round.
+async fn limit_and_conflicts(a: Locker, b: Locker, key: &str) {
+    let mut held = Vec::new();
+    for locker in [&a, &b, &a] {
+        held.push(locker.acquire(key, slots(3)).await.unwrap());
+    }
+    let fences: Vec<u64> = held.iter().map(|g| g.fence()).collect();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    assert!(b.try_acquire(key, slots(3)).await.unwrap().is_none());
+    let info = a.lock_info(key).await.unwrap().expect("held");
+    assert_eq!((info.kind, info.shared.len()), (LockKind::Permits(3), 3));
+    let reason = conflict(b.try_acquire(key, slots(5)).await);
+    assert!(reason.contains("semaphore of 3 permits"), "{reason}");
+    conflict(b.try_acquire(key, LockOptions::new()).await);
+    conflict(b.try_acquire(key, LockOptions::new().read()).await);
+    for g in held {
+        g.release().await.unwrap();
+    }
+    assert!(
+        a.lock_info(key).await.unwrap().is_none(),
+        "all permits back"
+    );
+    let lock = a.acquire(key, LockOptions::new()).await.unwrap();
+    let reason = conflict(b.try_acquire(key, slots(3)).await);
+    assert!(reason.contains("exclusive"), "{reason}");
+    lock.release().await.unwrap();
+    let err = a.acquire(key, slots(0)).await.unwrap_err();
+    assert!(matches!(err, LockError::Config(_)), "{err:?}");
+}
+
+/// A released permit goes to the longest waiter; a holder that stops renewing and never
+/// releases (as a crashed process) gives its permit back when its lease ends.
+async fn handover_and_crash(a: Locker, b: Locker, key: &str) {
+    let first = a.acquire(key, slots(1)).await.unwrap();
+    let waiter = {
+        let (b, key) = (b.clone(), key.to_owned());
+        tokio::spawn(async move { b.acquire(&key, slots(1)).await })
+    };
+    let end = Instant::now() + ms(5_000);
+    while a.lock_info(key).await.unwrap().map_or(0, |i| i.waiters) == 0 {
+        assert!(Instant::now() < end, "the waiter never queued");
+        tokio::time::sleep(ms(10)).await;
+    }
+    first.release().await.unwrap();
+    let second = waiter.await.unwrap().expect("handed over");
+    second.release().await.unwrap();
+
+    let crashed = a
+        .acquire(key, slots(1).watchdog(false).ttl(ms(300)))
+        .await
+        .unwrap();
+    std::mem::forget(crashed);
+    let started = Instant::now();
+    let after = b
+        .acquire(key, slots(1))
+        .await
+        .expect("the permit comes back");
+    assert!(started.elapsed() >= ms(200), "not before the lease ended");
+    after.release().await.unwrap();
+}
+
+/// Eight callers on two lockers take a permit of 3 over and over: never more than 3 inside at
+/// once, and 3 at once at some point (the permits are used, not serialised).
+async fn never_more_than_n(a: Locker, b: Locker, key: &str) {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let locker = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let (inside, most, key) = (inside.clone(), most.clone(), key.to_owned());
+        tasks.spawn(async move {
+            for _ in 0..25 {
+                let g = locker.acquire(&key, slots(3)).await.expect("a permit");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                assert!(now <= 3, "{now} holders of 3 permits");
+                tokio::time::sleep(ms(3)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        });
+    }
+    while let Some(t) = tasks.join_next().await {
+        t.unwrap();
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 3);
+}
+
+async fn all(a: Locker, b: Locker) {
+    limit_and_conflicts(a.clone(), b.clone(), "export:1").await;
+    handover_and_crash(a.clone(), b.clone(), "export:2").await;
+    never_more_than_n(a, b, "export:3").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis() {
+    let redis = RedisServer::start().expect("redis-server");
+    let connect = async || Locker::builder().url(redis.url()).build().await.unwrap();
+    all(connect().await, connect().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let connect = async || {
+        Locker::builder()
+            .cluster(cluster.seed_urls())
+            .build()
+            .await
+            .unwrap()
+    };
+    all(connect().await, connect().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory() {
+    let locker = Locker::in_memory();
+    let peer = || locker.in_memory_peer().unwrap();
+    all(peer(), peer()).await;
+}
