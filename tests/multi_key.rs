@@ -174,3 +174,102 @@ async fn in_memory() {
     all_or_none_loss_and_reentrancy(peer(), peer(), "acct:1", "acct:2").await;
     opposite_orders_never_deadlock(peer(), peer(), "acct:1", "acct:2").await;
 }
+
+/// Script calls the server has run (`EVALSHA`, and `EVAL` after a `NOSCRIPT`).
+fn script_calls(redis: &RedisServer) -> u64 {
+    let mut conn = redis.client().get_connection().unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Free keys on one server are taken in one script call, all or none; a busy key sends the
+/// call down the one-by-one path, which waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn free_keys_of_one_slot_take_one_call() {
+    let redis = RedisServer::start().expect("redis-server");
+    let locker = Locker::builder().url(redis.url()).build().await.unwrap();
+    let other = Locker::builder().url(redis.url()).build().await.unwrap();
+    let keys = ["order:1:sku:1", "order:1:sku:2", "order:1:sku:3"];
+    // Warm: scripts loaded, connections open.
+    locker
+        .acquire_all(keys, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let before = script_calls(&redis);
+    let all = locker.acquire_all(keys, LockOptions::new()).await.unwrap();
+    assert_eq!(
+        script_calls(&redis) - before,
+        1,
+        "one call for three free keys"
+    );
+    let fences: Vec<u64> = all.fences().iter().map(|(_, f)| *f).collect();
+    assert_eq!(fences.len(), 3);
+    for key in keys {
+        assert!(
+            other
+                .try_acquire(key, LockOptions::new())
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let info = other.lock_info(key).await.unwrap().expect("held");
+        assert_eq!(info.fence, all.fence(key));
+    }
+    // Held by the one-call path, renewed and released like any other.
+    tokio::time::sleep(ms(200)).await;
+    assert!(!all.is_lost());
+    all.release().await.unwrap();
+    let one = other.acquire(keys[1], LockOptions::new()).await.unwrap();
+    let waiting = locker.acquire_all(keys, LockOptions::new().wait(ms(3_000)));
+    let (res, ()) = tokio::join!(waiting, async {
+        tokio::time::sleep(ms(100)).await;
+        one.release().await.unwrap();
+    });
+    let all = res.expect("taken once the busy key was released");
+    assert!(all.fence(keys[1]).unwrap() > fences[1]);
+    all.release().await.unwrap();
+}
+
+/// On a Cluster, keys that happen to share a slot take the one-call path too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn free_keys_of_one_cluster_slot() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let locker = Locker::builder()
+        .cluster(cluster.seed_urls())
+        .build()
+        .await
+        .unwrap();
+    let first = "order:0".to_owned();
+    let slot = slot_of(format!("lock:{first}"));
+    let second = (1..100_000)
+        .map(|i| format!("order:{i}"))
+        .find(|k| slot_of(format!("lock:{k}")) == slot)
+        .expect("a key in the same slot");
+    let both = locker
+        .acquire_all([&first, &second], LockOptions::new())
+        .await
+        .unwrap();
+    assert_eq!(both.fences().len(), 2);
+    for key in [&first, &second] {
+        let info = locker.lock_info(key).await.unwrap().expect("held");
+        assert_eq!(info.fence, both.fence(key));
+    }
+    both.release().await.unwrap();
+    assert!(locker.lock_info(&first).await.unwrap().is_none());
+}

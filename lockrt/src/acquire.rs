@@ -25,6 +25,8 @@
 //! queue place) and bars the token, so that a request still in the network takes nothing when
 //! it lands; in the background and bounded in time.
 
+mod at_once;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -45,6 +47,8 @@ use crate::locker::Locker;
 use crate::options::{LockKind, LockOptions, Terms, Wait};
 use crate::retry::Backoff;
 use crate::wait::{EntryHandle, Listener, Owner, granted_at};
+
+pub(crate) use self::at_once::take_at_once;
 
 /// How long a queued waiter's registration lives without a refresh (it refreshes at half).
 const REGISTRATION: Duration = Duration::from_secs(2);

@@ -1,7 +1,9 @@
 //! Several locks at once, all or none: [`Locker::acquire_all`], [`Locker::run_all`] and
 //! [`MultiGuard`].
 //!
-//! The keys are taken one by one in one canonical order (sorted, duplicates dropped), whatever
+//! When the keys share a cluster slot (any keys on a single server) and all are free with
+//! nobody queued, one script takes them all at once. Otherwise the keys are taken one by one
+//! in one canonical order (sorted, duplicates dropped), whatever
 //! order the caller names them in: a holder of one key only ever waits for a key that sorts
 //! after it, so two callers naming the same keys in opposite orders can't wait for each other
 //! (no cycle, no deadlock). One `wait` covers them all; when a key can't be had in it, the keys
@@ -158,6 +160,10 @@ impl Locker {
 
     /// Takes `keys` (canonical) in order with one deadline; on failure releases what it took.
     async fn take_all(&self, keys: &[String], opts: LockOptions) -> Result<MultiGuard, LockError> {
+        // One call when all are free and share a slot; else one by one, waiting as needed.
+        if let Some(guards) = crate::acquire::take_at_once(self, keys, opts).await {
+            return Ok(MultiGuard { guards });
+        }
         let wait = opts.wait.unwrap_or(self.defaults().wait);
         let deadline = match wait {
             Wait::For(d) => Some(Instant::now() + d),

@@ -42,6 +42,27 @@ impl Backend {
         }
     }
 
+    /// Takes every exclusive lock of `locks` in one atomic call when all are free with nobody
+    /// queued: their fences in order, or `None` when any was not or the backend can't (in
+    /// memory, or keys in several cluster slots): the caller then takes them one by one.
+    pub(crate) async fn acquire_all(
+        &self,
+        locks: &[(&LockKey, &Token)],
+        ttl: Duration,
+    ) -> Result<Option<Vec<u64>>, BackendError> {
+        let Backend::Redis(b) = self else {
+            return Ok(None);
+        };
+        let group = locks.first().map(|(k, _)| b.renewal_group(k));
+        if locks
+            .iter()
+            .any(|(k, _)| Some(b.renewal_group(k)) != group || k.kind.is_shared())
+        {
+            return Ok(None);
+        }
+        b.acquire_all(locks, ttl).await
+    }
+
     /// Which renewals may share one call: a cluster slot (a script touches one slot, and a
     /// slow or unreachable master must delay only its own leases); one group otherwise.
     pub(crate) fn renewal_group(&self, key: &LockKey) -> u16 {

@@ -30,12 +30,14 @@ end
 -- one starts at the server time in µs, above any fence an expired counter can have issued (it
 -- grew by at most one per acquisition). The counter's lifetime is one rule for every script:
 -- `retention` ms, and never less than twice the lease, so it outlives the lock it fences.
-local function next_fence(lease, retention)
-  local fence = redis.call('INCR', KEYS[2])
+-- `K`: the keys of the lock (KEYS unless given, see acquire_all.lua).
+local function next_fence(lease, retention, K)
+  K = K or KEYS
+  local fence = redis.call('INCR', K[2])
   if fence == 1 then
     fence = now_us()
     local life = math.max(tonumber(retention), 2 * tonumber(lease))
-    redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', string.format('%.0f', life))
+    redis.call('SET', K[2], string.format('%.0f', fence), 'PX', string.format('%.0f', life))
   end
   -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
   return fence, string.format('%.0f', fence)
@@ -46,10 +48,11 @@ end
 --
 -- KEYS[5] (`{lock}:owner`) gets the holder's identity beside the lock with the same PTTL:
 -- "<acquired-at server ms>|<owner>", where `owner` is the client's text (see `owner_text`).
-local function take_lock(holder, lease, retention, owner)
-  local fence, text = next_fence(lease, retention)
-  redis.call('SET', KEYS[1], holder .. ':' .. text, 'PX', lease)
-  redis.call('SET', KEYS[5], string.format('%.0f', now_ms()) .. '|' .. owner_text(owner), 'PX', lease)
+local function take_lock(holder, lease, retention, owner, K)
+  K = K or KEYS
+  local fence, text = next_fence(lease, retention, K)
+  redis.call('SET', K[1], holder .. ':' .. text, 'PX', lease)
+  redis.call('SET', K[5], string.format('%.0f', now_ms()) .. '|' .. owner_text(owner), 'PX', lease)
   return fence, text
 end
 

@@ -30,8 +30,8 @@ use self::connector::{Conn, Connector};
 use self::link::Link;
 use self::pubsub::Subscriber;
 use self::scripts::{
-    ACQUIRE, Call, FORCE, INSPECT, RELEASE, RENEW, SHARED_ACQUIRE, SHARED_RELEASE, Scripts, ints,
-    lock_keys, per_lease,
+    ACQUIRE, ACQUIRE_ALL, Call, FORCE, INSPECT, RELEASE, RENEW, SHARED_ACQUIRE, SHARED_RELEASE,
+    Scripts, ints, lock_keys, per_lease,
 };
 use self::settings::{RedisSettings, Timeouts, TlsFiles, Topology};
 use crate::backend::contract::{
@@ -191,6 +191,52 @@ impl RedisBackend {
                 counter: reply.get(2).and_then(|&c| u64::try_from(c).ok()),
             }
         })
+    }
+
+    /// Takes every lock of `locks` (all of one [`renewal_group`](Self::renewal_group)) in one
+    /// call when each is free with nobody queued: their fences, or `None` when any was not
+    /// (nothing taken). Under `sync_replicas` an unacknowledged call takes nothing either: its
+    /// locks are rolled back and the caller goes one by one.
+    pub(crate) async fn acquire_all(
+        &self,
+        locks: &[(&LockKey, &Token)],
+        ttl: Duration,
+    ) -> Result<Option<Vec<u64>>, BackendError> {
+        let dones: Vec<String> = locks.iter().map(|(k, t)| k.done(t.as_str())).collect();
+        let call = Call {
+            nkeys: 8 * locks.len(),
+            keys: |c: &mut Cmd| {
+                for ((key, _), done) in locks.iter().zip(&dones) {
+                    lock_keys(c, key);
+                    c.arg(done);
+                }
+            },
+            args: |c: &mut Cmd| {
+                c.arg(millis(ttl))
+                    .arg(millis(self.fence_retention))
+                    .arg(&self.owner);
+                for (_, token) in locks {
+                    c.arg(token.as_str());
+                }
+            },
+        };
+        let reply = self.scripts.invoke(&ACQUIRE_ALL, true, call).await?;
+        let values = ints(&reply.values);
+        let taken = values.first() == Some(&1);
+        if let Some(e) = reply.unacknowledged {
+            if taken {
+                for (key, token) in locks {
+                    let _ = self.release_as(key, Some(token), Mode::Rollback).await;
+                }
+            }
+            return Err(e);
+        }
+        Ok(taken.then(|| {
+            values[1..]
+                .iter()
+                .map(|&f| u64::try_from(f).unwrap_or(0))
+                .collect()
+        }))
     }
 
     /// The cluster slot of the lock; 0 off a cluster, where any renewals share a call.

@@ -54,6 +54,8 @@ pub(crate) static SHARED_ACQUIRE: LazyLock<Lua> =
     LazyLock::new(|| lua(include_str!("../../scripts/shared_acquire.lua")));
 pub(crate) static SHARED_RELEASE: LazyLock<Lua> =
     LazyLock::new(|| lua(include_str!("../../scripts/shared_release.lua")));
+pub(crate) static ACQUIRE_ALL: LazyLock<Lua> =
+    LazyLock::new(|| lua(include_str!("../../scripts/acquire_all.lua")));
 pub(crate) static INSPECT: LazyLock<Lua> =
     LazyLock::new(|| lua(include_str!("../../scripts/inspect.lua")));
 /// Force-unlock: finds the holder's token, then runs release.lua's logic for it.
