@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use lockrt::testing::{RedisCluster, RedisServer, slot_of};
+use lockrt::testing::{RedisCluster, RedisSentinelGroup, RedisServer, slot_of};
 use lockrt::{LockError, LockOptions, Locker, LossCause};
 use tokio::time::Instant;
 
@@ -272,4 +272,19 @@ async fn free_keys_of_one_cluster_slot() {
     }
     both.release().await.unwrap();
     assert!(locker.lock_info(&first).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sentinel() {
+    let group = RedisSentinelGroup::start("lockrt", 1).expect("master, replica and sentinel");
+    let connect = async || {
+        Locker::builder()
+            .sentinel(group.sentinel_urls(), "lockrt")
+            .build()
+            .await
+            .unwrap()
+    };
+    let (a, b) = ("acct:1", "acct:2");
+    all_or_none_loss_and_reentrancy(connect().await, connect().await, a, b).await;
+    opposite_orders_never_deadlock(connect().await, connect().await, a, b).await;
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lockrt::testing::{RedisCluster, RedisServer};
+use lockrt::testing::{RedisCluster, RedisSentinelGroup, RedisServer};
 use lockrt::{LockError, LockKind, LockOptions, Locker};
 use tokio::time::Instant;
 
@@ -261,4 +261,17 @@ async fn in_memory() {
     let peer = || locker.in_memory_peer().unwrap();
     all(peer(), peer()).await;
     writers_never_starve(peer(), peer()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sentinel() {
+    let group = RedisSentinelGroup::start("lockrt", 1).expect("master, replica and sentinel");
+    let connect = async || {
+        Locker::builder()
+            .sentinel(group.sentinel_urls(), "lockrt")
+            .build()
+            .await
+            .unwrap()
+    };
+    all(connect().await, connect().await).await;
 }
