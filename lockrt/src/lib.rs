@@ -144,7 +144,8 @@ pub use section::Checked;
 ///
 /// | argument | meaning | default |
 /// |---|---|---|
-/// | `key = "..."` | the lock's name, a template (below); required | |
+/// | `key = "..."` | the lock's name, a template (below); required unless `keys` is given | |
+/// | `keys = ["..", ".."]` | several locks, all or none ([`Locker::run_all`]) | |
 /// | `ttl = "30s"` | lease length: `"500ms"`, `"30s"`, `"1m30s"`; at least 30 ms | the locker's, 30 s |
 /// | `wait = "5s"` | longest wait for a busy lock; `"0s"` = one attempt, `"forever"` = no limit | the locker's, 10 s |
 /// | `max_hold = "10m"` | longest time the lock may be held: then the watchdog stops and the body is told it lost the lock (as `on_lost` says) | the locker's, none |
@@ -152,6 +153,8 @@ pub use section::Checked;
 /// | `locker = EXPR` | where the lock lives: a `Locker`, `&Locker` or `Arc<Locker>`, evaluated inside the fn | [`set_default`]'s |
 /// | `watchdog = bool` | `true`: renew every ttl/3 while the body runs; `false`: a fixed lease of `ttl` | `true` |
 /// | `on_lost = "..."` | `"cancel"`: drop the body and return [`LockError::Lost`]; `"continue"`: log at WARN and finish | `"cancel"` |
+/// | `mode = "read"` / `"write"` | the read share or the write side (the exclusive lock) of the key's read-write lock ([`LockOptions::read`]) | `"write"` |
+/// | `permits = N` | a semaphore of `N` leased permits on the key ([`LockOptions::permits`]) | |
 /// | `crate = path` | where to find `lockrt` when it is re-exported under another name | `::lockrt` |
 ///
 /// Each argument becomes one call on [`LockOptions`] (`ttl = "30s"` is
