@@ -143,6 +143,18 @@ async fn reentrancy_and_errors(a: Locker, key: &str) {
     let err = a.acquire(key, read()).await.unwrap_err();
     assert!(matches!(err, LockError::HeldByThisTask { .. }), "{err:?}");
     g.release().await.unwrap();
+    let r = a.acquire(key, read()).await.unwrap();
+    let started = Instant::now();
+    let err = a.acquire(key, write()).await.unwrap_err();
+    assert!(matches!(err, LockError::HeldByThisTask { .. }), "{err:?}");
+    assert!(started.elapsed() < ms(2_000), "refused, not waited for");
+    // Another task is another owner: it waits for the reader as any writer does.
+    let other = tokio::spawn({
+        let (a, key) = (a.clone(), key.to_owned());
+        async move { a.acquire(&key, write().wait(ms(50))).await.map(drop) }
+    });
+    assert!(other.await.unwrap().unwrap_err().is_timeout());
+    r.release().await.unwrap();
     let err = a.acquire(key, read().min_hold(ms(100))).await.unwrap_err();
     assert!(matches!(err, LockError::Config(_)), "{err:?}");
 }

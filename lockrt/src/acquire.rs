@@ -243,6 +243,12 @@ impl<'a> Acquisition<'a> {
         if self.key.kind.is_shared() {
             return self.run_shared(entry).await;
         }
+        if entry.shared_by(Owner::current()) {
+            // This task reads the key through a guard: a write would wait for itself.
+            return Err(LockError::HeldByThisTask {
+                key: self.key.user.to_string(),
+            });
+        }
         let turn = Some(self.take_turn(&entry).await?);
         // In the same poll that gave this caller the turn: a lease its predecessor passed on.
         if let Some(baton) = entry.take_baton() {
@@ -508,7 +514,10 @@ impl<'a> Acquisition<'a> {
             // Nobody can renew it (no runtime left): don't pretend to hold.
             info.end_by_shutdown();
         }
-        if !self.key.kind.is_shared() {
+        if self.key.kind.is_shared() {
+            // For the check that refuses this task a write of what it reads.
+            entry.add_sharer(Owner::current(), &info);
+        } else {
             // For a guard's HeldByThisTask check and the local hand-off: the one holder.
             entry.set_holder(Owner::current(), &info);
         }

@@ -42,6 +42,8 @@ pub(crate) struct Entry {
     pub(crate) turn: Arc<Semaphore>,
     /// Who holds the lock through this locker, while it does.
     holder: Mutex<Option<(Owner, Weak<LeaseInfo>)>>,
+    /// Who holds read shares (or permits) through this locker, while they do.
+    sharers: Mutex<Vec<(Owner, Weak<LeaseInfo>)>>,
     notify: Notify,
     listeners: AtomicUsize,
     /// Locks handed to a waiter by a release, until claimed.
@@ -148,6 +150,7 @@ impl Notifier {
                 let e = Arc::new(Entry {
                     turn: Arc::new(Semaphore::new(1)),
                     holder: Mutex::new(None),
+                    sharers: Mutex::new(Vec::new()),
                     notify: Notify::new(),
                     listeners: AtomicUsize::new(0),
                     grants: Mutex::new(Vec::new()),
@@ -255,6 +258,29 @@ impl EntryHandle {
             .holder
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some((owner, Arc::downgrade(lease)));
+    }
+
+    /// Records that `owner` holds a read share or a permit through `lease`.
+    pub(crate) fn add_sharer(&self, owner: Owner, lease: &Arc<LeaseInfo>) {
+        let mut sharers = self
+            .entry()
+            .sharers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        sharers.retain(|(_, l)| l.upgrade().is_some_and(|l| !l.lost.is_cancelled()));
+        sharers.push((owner, Arc::downgrade(lease)));
+    }
+
+    /// Whether `owner` holds a read share or a permit through this locker right now.
+    pub(crate) fn shared_by(&self, owner: Owner) -> bool {
+        let sharers = self
+            .entry()
+            .sharers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        sharers.iter().any(|(o, lease)| {
+            *o == owner && lease.upgrade().is_some_and(|l| !l.lost.is_cancelled())
+        })
     }
 
     /// Whether `owner` holds the lock through this locker right now (a live guard).
