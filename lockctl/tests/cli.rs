@@ -319,3 +319,38 @@ async fn keys_and_owner_records_are_printed_escaped() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(text(&out), "\"gone\\n\\u{1b}[2J\": not held\n");
 }
+
+/// Read-held keys and semaphores are listed with their kind and how many hold them, `show`
+/// names each reader or permit holder, and `--json` carries the kind and the holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_and_permits_are_listed_and_shown() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let svc = named(&url, "catalogue").await;
+    let read = LockOptions::new().read();
+    let (r1, r2) = (
+        svc.acquire("cat:1", read).await.unwrap(),
+        svc.acquire("cat:1", read).await.unwrap(),
+    );
+    let slots = LockOptions::new().permits(3);
+    let p1 = svc.acquire("export:acme", slots).await.unwrap();
+    let list = text(&run(&url, &["list"]).await);
+    assert!(list.contains("2 readers"), "{list}");
+    assert!(list.contains("1/3 permits"), "{list}");
+    let show = text(&run(&url, &["show", "cat:1"]).await);
+    assert_eq!(show.matches("reader:").count(), 2, "{show}");
+    assert!(show.contains("\"catalogue\""), "{show}");
+    let json: serde_json::Value =
+        serde_json::from_str(&text(&run(&url, &["--json", "show", "export:acme"]).await)).unwrap();
+    assert_eq!(json["kind"], "permits");
+    assert_eq!(json["permits"], 3);
+    assert_eq!(json["shared"].as_array().map(Vec::len), Some(1));
+    assert_eq!(json["shared"][0]["fence"], p1.fence());
+    let unlock = run(&url, &["unlock", "--force", "cat:1"]).await;
+    assert!(unlock.status.success(), "{}", text(&unlock));
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !(r1.is_lost() && r2.is_lost()) {
+        assert!(tokio::time::Instant::now() < end, "readers not revoked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
