@@ -298,3 +298,78 @@ async fn annotated_fn_excludes_across_lockers() {
     let v: u32 = fx.conn().await.get("counter").await.unwrap();
     assert_eq!(v, 100, "lost updates through the attribute");
 }
+
+#[distributed_lock(key = "cat:{tenant}", locker = locker, mode = "read", wait = "2s")]
+async fn read_catalogue(
+    locker: &Locker,
+    tenant: &str,
+    inside: &AtomicU32,
+) -> Result<u32, LockError> {
+    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+    tokio::time::sleep(ms(100)).await;
+    inside.fetch_sub(1, Ordering::SeqCst);
+    assert_eq!(
+        lockrt::current_lock().map(|h| h.kind()),
+        Some(lockrt::LockKind::Read)
+    );
+    Ok(now)
+}
+
+#[distributed_lock(key = "cat:{tenant}", locker = locker, mode = "write", wait = "2s")]
+async fn rebuild_catalogue(
+    locker: &Locker,
+    tenant: &str,
+    inside: &AtomicU32,
+) -> Result<u32, LockError> {
+    Ok(inside.load(Ordering::SeqCst))
+}
+
+#[distributed_lock(key = "export:{tenant}", locker = locker, permits = 2, wait = "5s")]
+async fn export(locker: &Locker, tenant: &str, inside: &AtomicU32) -> Result<u32, LockError> {
+    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+    tokio::time::sleep(ms(50)).await;
+    inside.fetch_sub(1, Ordering::SeqCst);
+    Ok(now)
+}
+
+/// `mode = "read"` sections of one key run together and a `mode = "write"` one never with
+/// them; `permits = 2` lets two in at once, never three. Each caller is its own task, as
+/// requests are (one task joining two sections on one key is one owner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_kinds_through_the_attribute() {
+    for fx in [Fx::redis(), Fx::memory()] {
+        let locker = fx.locker().await;
+        let inside = Arc::new(AtomicU32::new(0));
+        let spawn_read = || {
+            let (locker, inside) = (locker.clone(), inside.clone());
+            tokio::spawn(async move { read_catalogue(&locker, "acme", &inside).await })
+        };
+        let (a, b) = (spawn_read(), spawn_read());
+        let w = {
+            let (locker, inside) = (locker.clone(), inside.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(ms(30)).await;
+                rebuild_catalogue(&locker, "acme", &inside).await
+            })
+        };
+        let (a, b) = (a.await.unwrap().unwrap(), b.await.unwrap().unwrap());
+        assert_eq!(a.max(b), 2, "the readers shared the key");
+        assert_eq!(
+            w.await.unwrap().unwrap(),
+            0,
+            "the writer ran with no reader inside"
+        );
+        let slots = Arc::new(AtomicU32::new(0));
+        let runs: Vec<_> = (0..6)
+            .map(|_| {
+                let (locker, slots) = (locker.clone(), slots.clone());
+                tokio::spawn(async move { export(&locker, "acme", &slots).await })
+            })
+            .collect();
+        let mut most = 0;
+        for run in runs {
+            most = most.max(run.await.unwrap().unwrap());
+        }
+        assert_eq!(most, 2);
+    }
+}

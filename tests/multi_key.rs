@@ -3,6 +3,8 @@
 //! ends the body, reentrant per key; on Redis, on a Cluster with the keys on different
 //! masters, and in memory.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -175,26 +177,6 @@ async fn in_memory() {
     opposite_orders_never_deadlock(peer(), peer(), "acct:1", "acct:2").await;
 }
 
-/// Script calls the server has run (`EVALSHA`, and `EVAL` after a `NOSCRIPT`).
-fn script_calls(redis: &RedisServer) -> u64 {
-    let mut conn = redis.client().get_connection().unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut conn)
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// Free keys on one server are taken in one script call, all or none; a busy key sends the
 /// call down the one-by-one path, which waits for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,13 +193,15 @@ async fn free_keys_of_one_slot_take_one_call() {
         .release()
         .await
         .unwrap();
-    let before = script_calls(&redis);
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let before = support::script_calls(&mut conn).await;
     let all = locker.acquire_all(keys, LockOptions::new()).await.unwrap();
-    assert_eq!(
-        script_calls(&redis) - before,
-        1,
-        "one call for three free keys"
-    );
+    let calls = support::script_calls(&mut conn).await - before;
+    assert_eq!(calls, 1, "one call for three free keys");
     let fences: Vec<u64> = all.fences().iter().map(|(_, f)| *f).collect();
     assert_eq!(fences.len(), 3);
     for key in keys {
