@@ -153,3 +153,80 @@ async fn quickstart_takes_its_locker_from_the_lockrt_variables() {
     let (ok, _) = run_with("quickstart", &[], None, &vars).await;
     assert!(!ok);
 }
+
+#[tokio::test]
+async fn catalogue_readers_share_and_never_see_a_half_rebuilt_catalogue() {
+    let server = RedisServer::start().unwrap();
+    let (ok, out) = run("catalogue", &["--demo"], Some(&server.url())).await;
+    assert!(ok, "the demo reported a torn read or a failed request");
+    let f = figures(&out);
+    assert!(f["reads"] > 0 && f["rebuilds"] > 0, "{out}");
+    assert_eq!((f["torn_reads"], f["errors"]), (0, 0), "{out}");
+    assert!(f["max_readers"] > 1, "readers should share the lock: {out}");
+    // It used the server it was given, and rebuilt there more than the first build.
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let version: i64 = conn.get("catalogue:acme:version").await.unwrap();
+    assert!(version > 1, "version {version}");
+}
+
+#[tokio::test]
+async fn catalogue_without_the_lock_serves_torn_reads() {
+    let (ok, out) = run("catalogue", &["--demo", "--no-lock"], None).await;
+    assert!(ok);
+    let f = figures(&out);
+    assert!(f["rebuilds"] > 0, "{out}");
+    assert!(
+        f["torn_reads"] > 0,
+        "readers racing the rebuilds should see mixed versions without the lock: {out}"
+    );
+}
+
+#[tokio::test]
+async fn exports_run_three_at_once_per_tenant_and_a_dead_holders_permit_comes_back() {
+    let server = RedisServer::start().unwrap();
+    let (ok, out) = run("exports", &[], Some(&server.url())).await;
+    assert!(ok, "the example reported a wrong result");
+    let f = figures(&out);
+    assert_eq!((f["exports"], f["busy"], f["max_at_once"]), (36, 0, 3));
+    let tenants: Vec<&str> = out.lines().filter(|l| l.starts_with("tenant ")).collect();
+    assert_eq!(tenants.len(), 3, "{out}");
+    // Every tenant used all its slots, and only its own: none took another's.
+    assert!(
+        tenants
+            .iter()
+            .all(|l| l.ends_with("exports 12  max_at_once 3")),
+        "{out}"
+    );
+    // The killed holder's lease is 1 s: its permit is back within it (plus scheduling).
+    assert!(
+        out.contains("killed holding a permit of export:acme"),
+        "{out}"
+    );
+    assert!((0..3_000).contains(&f["permit_back_ms"]), "{out}");
+    let most: i64 = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+        .get("exports:acme:max_running")
+        .await
+        .unwrap();
+    assert_eq!(most, 3);
+}
+
+#[tokio::test]
+async fn exports_without_the_semaphore_run_more_than_three_at_once() {
+    let (ok, out) = run("exports", &["--no-lock"], None).await;
+    assert!(ok);
+    let f = figures(&out);
+    assert_eq!(f["exports"], 36, "{out}");
+    assert!(f["max_at_once"] > 3, "{out}");
+    assert!(
+        !out.contains("permit_back_ms"),
+        "no crash part without the lock: {out}"
+    );
+}
