@@ -116,6 +116,60 @@ async fn never_more_than_n(a: Locker, b: Locker, key: &str) {
     assert_eq!(most.load(Ordering::SeqCst), 3);
 }
 
+/// A key with no holder is still in use by its queue: while a semaphore's waiter is queued
+/// (here one whose thread stalls, so it does not retry), a caller asking for another number of
+/// permits, the lock or a read share is refused, never queued behind it and granted a permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_kind_is_refused_while_a_waiter_is_queued() {
+    let redis = RedisServer::start().expect("redis-server");
+    let url = redis.url();
+    let key = "export:mixed";
+    let a = Locker::builder().url(&url).build().await.unwrap();
+    for _ in 0..2 {
+        let crashed = a.acquire(key, slots(2).watchdog(false).ttl(ms(300)));
+        std::mem::forget(crashed.await.unwrap());
+    }
+    let stalled = std::thread::spawn({
+        let url = url.clone();
+        move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let b = Locker::builder().url(url).build().await.unwrap();
+                let waiter = tokio::spawn(async move {
+                    let g = b.acquire(key, slots(2).wait(ms(10_000))).await;
+                    g.expect("the queued waiter gets its permit")
+                        .release()
+                        .await
+                });
+                tokio::time::sleep(ms(100)).await;
+                // The stall: queued, and no retry until it ends.
+                std::thread::sleep(ms(1_200));
+                waiter.await.unwrap().unwrap();
+            });
+        }
+    });
+    tokio::time::sleep(ms(600)).await;
+    let c = Locker::builder().url(&url).build().await.unwrap();
+    let asked = [
+        slots(1),
+        LockOptions::new().wait(ms(5_000)),
+        slots(2).read(),
+    ];
+    for opts in asked {
+        let res = c.acquire(key, opts).await;
+        assert!(
+            matches!(res, Err(LockError::KindConflict { .. })),
+            "{:?} got {:?}",
+            opts.get_kind(),
+            res.map(|g| g.fence())
+        );
+    }
+    stalled.join().unwrap();
+}
+
 async fn all(a: Locker, b: Locker) {
     limit_and_conflicts(a.clone(), b.clone(), "export:1").await;
     handover_and_crash(a.clone(), b.clone(), "export:2").await;

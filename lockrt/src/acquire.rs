@@ -514,10 +514,10 @@ impl<'a> Acquisition<'a> {
             // Nobody can renew it (no runtime left): don't pretend to hold.
             info.end_by_shutdown();
         }
-        if self.key.kind.is_shared() {
+        if self.key.kind == LockKind::Read {
             // For the check that refuses this task a write of what it reads.
             entry.add_sharer(Owner::current(), &info);
-        } else {
+        } else if !self.key.kind.is_shared() {
             // For a guard's HeldByThisTask check and the local hand-off: the one holder.
             entry.set_holder(Owner::current(), &info);
         }

@@ -42,7 +42,7 @@ pub(crate) struct Entry {
     pub(crate) turn: Arc<Semaphore>,
     /// Who holds the lock through this locker, while it does.
     holder: Mutex<Option<(Owner, Weak<LeaseInfo>)>>,
-    /// Who holds read shares (or permits) through this locker, while they do.
+    /// Who holds read shares through this locker, while they do.
     sharers: Mutex<Vec<(Owner, Weak<LeaseInfo>)>>,
     notify: Notify,
     listeners: AtomicUsize,
@@ -260,7 +260,7 @@ impl EntryHandle {
             .unwrap_or_else(|p| p.into_inner()) = Some((owner, Arc::downgrade(lease)));
     }
 
-    /// Records that `owner` holds a read share or a permit through `lease`.
+    /// Records that `owner` holds a read share through `lease`.
     pub(crate) fn add_sharer(&self, owner: Owner, lease: &Arc<LeaseInfo>) {
         let mut sharers = self
             .entry()
@@ -271,7 +271,7 @@ impl EntryHandle {
         sharers.push((owner, Arc::downgrade(lease)));
     }
 
-    /// Whether `owner` holds a read share or a permit through this locker right now.
+    /// Whether `owner` holds a read share through this locker right now.
     pub(crate) fn shared_by(&self, owner: Owner) -> bool {
         let sharers = self
             .entry()

@@ -20,8 +20,8 @@
 -- counter} when the lock is free but promised to an earlier waiter; {rid, 0, -4, counter} when
 -- ARGV[2]'s acquisition was abandoned (see KEYS[8]); {rid, 0, -5, counter} when the lock is
 -- free but the queue's head is not known yet (64 lapsed registrations were dropped and more
--- may follow: ask again at once); {rid, 0, -6, counter, kind} when the key is a semaphore
--- ('s<n>'). `counter` is the fencing counter's value, -1 when it does not exist: a grant to
+-- may follow: ask again at once); {rid, 0, -6, counter, kind} when the key is in use as a
+-- semaphore ('s<n>', see `conflicting`). `counter` is the fencing counter's value, -1 when it does not exist: a grant to
 -- ARGV[2] with a fence not above a known counter is stale (its lease ran out before this call,
 -- or this call would have found ARGV[2] holding the lock), and with the counter unknown a
 -- grant must be confirmed by another call.
@@ -41,9 +41,9 @@ if redis.call('EXISTS', KEYS[8]) == 1 then
   return {rid, 0, -4, counter()}
 end
 
-local kind = redis.call('HGET', KEYS[7], 'kind')
-if kind and string.sub(kind, 1, 1) == 's' then
-  return {rid, 0, -6, counter(), kind}
+local found = conflicting('x')
+if found then
+  return {rid, 0, -6, counter(), found}
 end
 if redis.call('EXISTS', KEYS[6]) == 1 and live_shared() > 0 then
   enqueue()

@@ -105,9 +105,11 @@ end
 
 -- The waiter queue: KEYS[3] zset token -> arrival, KEYS[4] hash token ->
 -- "<registration expiry ms>:<grant lease ms>:<attempt µs>", "o:<token>" its identity,
--- "k:<token>" = 'r' for a reader (absent: a writer, or a semaphore's waiter).
+-- "k:<token>" what it asked for: 'r' a read share, 's<n>' a permit of a semaphore of n (absent:
+-- the lock, or its write side).
 -- Queues the caller (ARGV[2]) or refreshes its place, for ARGV[5] ms (0: does not queue); the
--- lease it is granted on release is ARGV[6] ms, its identity ARGV[7], its kind ARGV[8].
+-- lease it is granted on release is ARGV[6] ms, its identity ARGV[7], its kind ARGV[8] (none
+-- for the lock).
 local function enqueue()
   local token, reg = ARGV[2], tonumber(ARGV[5])
   if reg <= 0 then return end
@@ -117,7 +119,7 @@ local function enqueue()
   local expiry, at = string.format('%.0f', now_ms() + reg), string.format('%.0f', now_us())
   redis.call('HSET', KEYS[4], token, expiry .. ':' .. ARGV[6] .. ':' .. at,
     'o:' .. token, owner_text(ARGV[7]))
-  if ARGV[8] == 'r' then redis.call('HSET', KEYS[4], 'k:' .. token, 'r') end
+  if ARGV[8] then redis.call('HSET', KEYS[4], 'k:' .. token, ARGV[8]) end
   redis.call('PEXPIRE', KEYS[3], reg * 2)
   redis.call('PEXPIRE', KEYS[4], reg * 2)
 end
@@ -155,6 +157,27 @@ local function registration(t)
   return nil
 end
 
+-- What the key is in use as, when that does not go with `want` (the caller's kind: 'x' the
+-- lock or its write side, 'r' a read share, 's<n>' a permit of a semaphore of n): the shared
+-- holders' kind, 'x' when the lock is held, else what the longest live waiter asked for (its
+-- place came first). A lock and its read shares go together; a semaphore only with itself, of
+-- the same n. Returns the kind found on a conflict, nil otherwise.
+local function conflicting(want)
+  local kind = redis.call('HGET', KEYS[7], 'kind')
+  if not kind and redis.call('EXISTS', KEYS[1]) == 1 then kind = 'x' end
+  if not kind then
+    for _, t in ipairs(redis.call('ZRANGE', KEYS[3], 0, 15)) do
+      if registration(t) then
+        kind = redis.call('HGET', KEYS[4], 'k:' .. t) or 'x'
+        break
+      end
+    end
+  end
+  if not kind or kind == want then return nil end
+  if string.sub(kind, 1, 1) == 's' or string.sub(want, 1, 1) == 's' then return kind end
+  return nil
+end
+
 -- Hands the free lock (or `room` free permits of semaphore `sem`, 's<n>') to the head of the
 -- queue, skipping `skip` (the releasing token) and dropping lapsed registrations (at most 64
 -- entries looked at): a writer at the head takes the lock alone; a run of readers at the head
@@ -168,11 +191,15 @@ local function hand_over(channel, retention, skip, sem, room)
     local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not head then return granted, stale end
     local lease, at = registration(head)
-    if not lease or head == skip then
+    local asked = redis.call('HGET', KEYS[4], 'k:' .. head)
+    local reader = asked == 'r'
+    -- Only what the waiter asked for: a permit of this semaphore, or the lock or a read
+    -- share of it. Anything else is dropped from the queue and refused at its next attempt.
+    local fits = (sem and asked == sem) or (not sem and (not asked or reader))
+    if not lease or head == skip or not fits then
       unqueue(head)
       stale = true
     else
-      local reader = redis.call('HGET', KEYS[4], 'k:' .. head) == 'r'
       if (sem and granted >= room) or (not sem and not reader and granted > 0) then
         return granted, stale
       end

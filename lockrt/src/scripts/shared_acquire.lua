@@ -17,12 +17,9 @@ local sem = string.sub(want, 1, 1) == 's'
 if redis.call('EXISTS', KEYS[8]) == 1 then
   return {rid, 0, -4, counter()}
 end
-local kind = redis.call('HGET', KEYS[7], 'kind')
-if kind and kind ~= want and (sem or string.sub(kind, 1, 1) == 's') then
-  return {rid, 0, -6, counter(), kind}
-end
-if sem and redis.call('EXISTS', KEYS[1]) == 1 then
-  return {rid, 0, -6, counter(), 'x'}
+local found = conflicting(want)
+if found then
+  return {rid, 0, -6, counter(), found}
 end
 
 -- Ours already: a retry whose first reply was lost, or a grant being confirmed.
