@@ -450,6 +450,7 @@ fn sec(pid: u32, fence: u64, span: (u64, u64), read: i64, completed: bool) -> Se
         claim: Some(true),
         read_value: Some(read),
         completed,
+        ..Section::default()
     }
 }
 

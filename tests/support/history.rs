@@ -33,6 +33,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub use super::kinds::Kind;
+
 /// `CLOCK_MONOTONIC` in nanoseconds: comparable between processes on one machine.
 pub fn mono_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
@@ -153,6 +155,12 @@ pub struct Section {
     pub claim: Option<bool>,
     pub read_value: Option<i64>,
     pub completed: bool,
+    /// What the section held; [`super::kinds`] reads the fields above per kind.
+    pub kind: Kind,
+    /// Kinds only: a reader's counter at its second read, a permit holder's count inside.
+    pub extra: Option<i64>,
+    /// Permit holders: after leaving the oracle's count inside (0: never counted).
+    pub left: u64,
 }
 
 impl Section {
@@ -165,7 +173,7 @@ impl Section {
     }
 
     /// The synchronous step that produced the last effect: `[start, last_effect]`.
-    fn last_step(&self) -> (u64, u64) {
+    pub(super) fn last_step(&self) -> (u64, u64) {
         if self.end != 0 {
             (self.wake, self.end)
         } else {
@@ -176,7 +184,7 @@ impl Section {
     fn to_line(&self) -> String {
         let opt = |o: Option<i64>| o.map_or("-".to_owned(), |v| v.to_string());
         format!(
-            "S {} {} {} {} {} {} {} {} {} {}\n",
+            "S {} {} {} {} {} {} {} {} {} {} {} {} {}\n",
             self.pid,
             self.fence,
             self.acquired,
@@ -186,13 +194,17 @@ impl Section {
             self.end,
             opt(self.claim.map(i64::from)),
             opt(self.read_value),
-            u8::from(self.completed)
+            u8::from(self.completed),
+            self.kind,
+            opt(self.extra),
+            self.left
         )
     }
 
     fn from_line(line: &str) -> Option<Section> {
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() != 11 || f[0] != "S" {
+        // 11 fields: a record from before the kinds (an exclusive section).
+        if !(f.len() == 11 || f.len() == 14) || f[0] != "S" {
             return None;
         }
         let num = |i: usize| f[i].parse::<u64>().ok();
@@ -214,6 +226,11 @@ impl Section {
             claim: opt(8)?.map(|v| v == 1),
             read_value: opt(9)?,
             completed: f[10] == "1",
+            kind: f
+                .get(11)
+                .map_or(Some(Kind::Exclusive), |k| k.parse().ok())?,
+            extra: f.get(12).map_or(Some(None), |_| opt(12))?,
+            left: f.get(13).map_or(Some(0), |_| num(13))?,
         })
     }
 }
@@ -222,8 +239,12 @@ impl fmt::Display for Section {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "pid {} fence {} [{:.3} ms .. {:.3} ms]{}",
+            "pid {}{} fence {} [{:.3} ms .. {:.3} ms]{}",
             self.pid,
+            match self.kind {
+                Kind::Exclusive => String::new(),
+                k => format!(" {k}"),
+            },
             self.fence,
             self.acquired as f64 / 1e6,
             self.last_effect() as f64 / 1e6,
@@ -254,9 +275,9 @@ impl Log {
 }
 
 /// Records a section when dropped, however the body ended.
-struct Recorder<'a> {
-    log: &'a Log,
-    s: Section,
+pub struct Recorder<'a> {
+    pub log: &'a Log,
+    pub s: Section,
 }
 
 impl Drop for Recorder<'_> {
@@ -439,7 +460,7 @@ impl Report {
     }
 }
 
-fn stopped_during(stalls: &[Stall], pid: u32, (from, to): (u64, u64)) -> bool {
+pub(super) fn stopped_during(stalls: &[Stall], pid: u32, (from, to): (u64, u64)) -> bool {
     stalls
         .iter()
         .any(|s| s.pid == pid && s.stop <= to && s.cont >= from)
@@ -532,13 +553,17 @@ pub fn timeline(sections: &[Section], stalls: &[Stall], max: usize) -> String {
             (
                 s.acquired,
                 format!(
-                    "{:>10.3} .. {:>10.3} ms  pid {} fence {} claim {:?} read {:?}{}",
+                    "{:>10.3} .. {:>10.3} ms  pid {} fence {} claim {:?} read {:?}{}{}",
                     ms(s.acquired),
                     ms(s.last_effect()),
                     s.pid,
                     s.fence,
                     s.claim,
                     s.read_value,
+                    match s.kind {
+                        Kind::Exclusive => String::new(),
+                        k => format!(" {k} extra {:?}", s.extra),
+                    },
                     if s.completed { "" } else { " cut short" }
                 ),
             )

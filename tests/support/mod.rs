@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod history;
+pub mod kinds;
 pub mod logs;
 pub mod proxy_faults;
 pub mod topology;
