@@ -39,6 +39,22 @@ pub(crate) struct Config {
     pub(crate) held_periods: u32,
     /// `BENCH_HELD_ROUNDS`: rounds of the many-held workload (default: `rounds`).
     pub(crate) held_rounds: usize,
+    /// `BENCH_RW_TASKS`: tasks on the one key of the read-write workload (split over 2
+    /// lockers), readers and then exclusive holders.
+    pub(crate) rw_tasks: usize,
+    /// `BENCH_RW_HOLD_MS`: how long each of them holds (0: release at once). Not
+    /// `BENCH_HOLD_MS`, which is the hand-off's hold.
+    pub(crate) rw_hold: Duration,
+    /// `BENCH_RW_MS`: how long each kind runs per round.
+    pub(crate) rw_time: Duration,
+    /// `BENCH_SEM_CYCLES`: acquire+release cycles per column and round, one task.
+    pub(crate) sem_cycles: usize,
+    /// `BENCH_SEM_TASKS`: tasks on the contended semaphore (split over 2 lockers).
+    pub(crate) sem_tasks: usize,
+    /// `BENCH_SEM_MS`: how long they run per round.
+    pub(crate) sem_time: Duration,
+    /// `BENCH_MULTI_CYCLES`: single- and multi-key cycles per column and round, one task.
+    pub(crate) multi_cycles: usize,
 }
 
 impl Config {
@@ -67,6 +83,13 @@ impl Config {
             held_ttl: Duration::from_millis(env("BENCH_HELD_TTL_MS", 3_000, 1_500).max(300)),
             held_periods: env("BENCH_HELD_PERIODS", 3, 2).max(1) as u32,
             held_rounds: env("BENCH_HELD_ROUNDS", rounds as u64, 1).max(1) as usize,
+            rw_tasks: env("BENCH_RW_TASKS", 32, 32).max(1) as usize,
+            rw_hold: Duration::from_millis(env("BENCH_RW_HOLD_MS", 1, 1)),
+            rw_time: Duration::from_millis(env("BENCH_RW_MS", 1_000, 300).max(50)),
+            sem_cycles: env("BENCH_SEM_CYCLES", 2_000, 300).max(1) as usize,
+            sem_tasks: env("BENCH_SEM_TASKS", 16, 16).max(1) as usize,
+            sem_time: Duration::from_millis(env("BENCH_SEM_MS", 1_000, 300).max(50)),
+            multi_cycles: env("BENCH_MULTI_CYCLES", 1_000, 200).max(1) as usize,
         }
     }
 }

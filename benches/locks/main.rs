@@ -1,11 +1,11 @@
 //! Lock benchmarks: `cargo bench --bench locks` (add `-- --quick` for a smoke run).
 //!
 //! Starts its own `redis-server` on loopback, runs every workload against lockrt
-//! (`Locker::acquire` + `release`, `Locker::run`, the attribute), the `rslock` crate and a
-//! floor written with plain `redis`, and prints one markdown table, also written to
-//! `target/bench-locks.md`. Every figure is the median over `BENCH_ROUNDS` rounds; ratios
-//! are computed within the run. Sizes come from `BENCH_*` environment variables (see
-//! [`config::Config::from_env`]).
+//! (`Locker::acquire` + `release`, `Locker::run`, the attribute; read shares, permits and
+//! `acquire_all` for the lock kinds), the `rslock` crate and a floor written with plain
+//! `redis`, and prints one markdown table, also written to `target/bench-locks.md`. Every
+//! figure is the median over `BENCH_ROUNDS` rounds; ratios are computed within the run. Sizes
+//! come from `BENCH_*` environment variables (see [`config::Config::from_env`]).
 //!
 //! A counting global allocator (`stats_alloc`) gives the exact client heap per held lock; it
 //! costs a few atomic increments per allocation, for every implementation alike.
@@ -27,7 +27,9 @@ use crate::config::Config;
 use crate::env::Env;
 use crate::stats::Figures;
 use crate::table::Table;
-use crate::workload::{baseline, contended, handoff, many_held, parallel, processes, uncontended};
+use crate::workload::{
+    baseline, contended, handoff, many_held, multi, parallel, processes, rw, semaphore, uncontended,
+};
 
 mod config;
 mod env;
@@ -85,6 +87,9 @@ async fn measure(env: &Env, cfg: &Config) -> Res<Figures> {
     parallel::run(env, cfg, &mut figs).await?;
     many_held::run(env, cfg, &mut figs).await?;
     processes::run(env, cfg, &mut figs).await?;
+    rw::run(env, cfg, &mut figs).await?;
+    semaphore::run(env, cfg, &mut figs).await?;
+    multi::run(env, cfg, &mut figs).await?;
     Ok(figs)
 }
 
@@ -98,6 +103,9 @@ fn report(figs: &Figures, cfg: &Config) -> Table {
     parallel::report(figs, cfg, &mut t);
     many_held::report(figs, cfg, &mut t);
     processes::report(figs, &mut t);
+    rw::report(figs, cfg, &mut t);
+    semaphore::report(figs, cfg, &mut t);
+    multi::report(figs, &mut t);
     t
 }
 
@@ -106,7 +114,9 @@ fn header(cfg: &Config, took: Duration) -> String {
     format!(
         "lockrt benchmarks{}: medians over {} rounds ({} for many-held); uncontended {} pairs, \
          contended {}×{} sections, {} hand-offs of a {} ms hold, {} tasks × {} cycles \
-         (1 task × {}), {} held locks. Took {:.0} s.\n\n",
+         (1 task × {}), {} held locks; read-write {} tasks × {} ms holds for {} ms, semaphore \
+         1 task × {} cycles and {} tasks for {} ms, multi-key 1 task × {} cycles. \
+         Took {:.0} s.\n\n",
         if cfg.quick { " (--quick)" } else { "" },
         cfg.rounds,
         cfg.held_rounds,
@@ -119,6 +129,13 @@ fn header(cfg: &Config, took: Duration) -> String {
         cfg.par_cycles,
         cfg.solo_cycles,
         cfg.held,
+        cfg.rw_tasks,
+        cfg.rw_hold.as_millis(),
+        cfg.rw_time.as_millis(),
+        cfg.sem_cycles,
+        cfg.sem_tasks,
+        cfg.sem_time.as_millis(),
+        cfg.multi_cycles,
         took.as_secs_f64(),
     )
 }

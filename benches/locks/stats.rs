@@ -56,6 +56,14 @@ impl Figures {
             .get(&(workload.into(), imp.into(), metric.into()))
             .map_or(f64::NAN, |v| median(v.clone()))
     }
+
+    /// The largest value over rounds (NaN when never measured).
+    pub(crate) fn max(&self, workload: &str, imp: &str, metric: &str) -> f64 {
+        self.rounds
+            .get(&(workload.into(), imp.into(), metric.into()))
+            .and_then(|v| v.iter().copied().max_by(f64::total_cmp))
+            .unwrap_or(f64::NAN)
+    }
 }
 
 /// Latencies of sequential operations and the time they took in all, gathered over chunks.

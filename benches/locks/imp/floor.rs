@@ -2,6 +2,7 @@
 //! `redis`, `SET key token NX PX 30000` and an `EVALSHA` compare-and-delete on one
 //! `ConnectionManager` ([`Floor`]; one attempt, it never waits). For the hand-off, the same
 //! lock with a waiter that blocks in `BLPOP` until the releaser signals ([`SignalledFloor`]).
+//! For two keys, two of those locks one after another ([`FloorTwo`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -153,5 +154,31 @@ impl BenchLock for SignalledFloor {
             let _: i64 = conn.lpush(SIGNAL, 1).await?;
             Ok(start)
         }
+    }
+}
+
+/// Two floor locks one after another, the floor of taking two keys: a pair on `key` takes
+/// `key` + `1`, then `key` + `2` (four round trips, as `acquire_all` of two keys makes), and
+/// releases them in reverse.
+#[derive(Clone)]
+pub(crate) struct FloorTwo(pub(crate) Floor);
+
+impl BenchLock for FloorTwo {
+    type Guard = (String, String);
+
+    async fn lock(&self, key: &str) -> Res<(String, String)> {
+        let first = self.0.lock(&format!("{key}1")).await?;
+        match self.0.lock(&format!("{key}2")).await {
+            Ok(second) => Ok((first, second)),
+            Err(e) => {
+                self.0.unlock(&format!("{key}1"), first).await?;
+                Err(e)
+            }
+        }
+    }
+
+    async fn unlock(&self, key: &str, (first, second): (String, String)) -> Res<()> {
+        self.0.unlock(&format!("{key}2"), second).await?;
+        self.0.unlock(&format!("{key}1"), first).await
     }
 }

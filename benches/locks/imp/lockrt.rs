@@ -1,10 +1,11 @@
 //! lockrt as a [`BenchLock`]: a `Locker` with the options of its column, taken through
-//! `acquire`/`release`, `Locker::run` or the `#[distributed_lock]` attribute ([`Via`]).
-//! Holds no state of its own beyond the `Locker` handle.
+//! `acquire`/`release`, `Locker::run` or the `#[distributed_lock]` attribute ([`Via`]), as an
+//! exclusive lock, a read share or a permit; and two keys at once through `acquire_all`
+//! ([`LockrtAll`]). Holds no state of its own beyond the `Locker` handle.
 
 use std::time::Duration;
 
-use lockrt::{LockError, LockGuard, LockOptions, Locker};
+use lockrt::{LockError, LockGuard, LockOptions, Locker, MultiGuard};
 
 use super::BenchLock;
 use crate::Res;
@@ -56,6 +57,41 @@ impl Lockrt {
     pub(crate) fn wait(mut self, wait: Duration) -> Lockrt {
         self.opts = self.opts.wait(wait);
         self
+    }
+
+    /// The same, taking the read share of the key's read-write lock.
+    pub(crate) fn read(mut self) -> Lockrt {
+        self.opts = self.opts.read();
+        self
+    }
+
+    /// The same, taking one of the key's `n` permits (a semaphore).
+    pub(crate) fn permits(mut self, n: u32) -> Lockrt {
+        self.opts = self.opts.permits(n);
+        self
+    }
+
+    /// The same options, taking `key1` and `key2` at once ([`LockrtAll`]).
+    pub(crate) fn all(self) -> LockrtAll {
+        LockrtAll(self)
+    }
+}
+
+/// `Locker::acquire_all` of two keys, then `MultiGuard::release`: a pair on `key` takes
+/// `key` + `1` and `key` + `2` (`{acct}:` gives `{acct}:1` and `{acct}:2`).
+#[derive(Clone)]
+pub(crate) struct LockrtAll(Lockrt);
+
+impl BenchLock for LockrtAll {
+    type Guard = MultiGuard;
+
+    async fn lock(&self, key: &str) -> Res<MultiGuard> {
+        let keys = [format!("{key}1"), format!("{key}2")];
+        Ok(self.0.locker.acquire_all(keys, self.0.opts).await?)
+    }
+
+    async fn unlock(&self, _key: &str, guard: MultiGuard) -> Res<()> {
+        Ok(guard.release().await?)
     }
 }
 

@@ -1,7 +1,8 @@
 //! The one interface the workloads drive, [`BenchLock`], and its implementations: lockrt
-//! ([`Lockrt`], through `acquire`/`release`, `Locker::run` or the attribute), the `rslock`
-//! crate ([`Rslock`]) and the floor written with plain `redis` ([`Floor`], and
-//! [`SignalledFloor`] for the hand-off). A workload is written once, generic over the trait;
+//! ([`Lockrt`], through `acquire`/`release`, `Locker::run` or the attribute, of any kind;
+//! [`LockrtAll`] for two keys at once), the `rslock` crate ([`Rslock`]) and the floor written
+//! with plain `redis` ([`Floor`], [`SignalledFloor`] for the hand-off, [`FloorTwo`] for two
+//! keys). A workload is written once, generic over the trait;
 //! how each implementation takes, waits for and releases a lock lives here and nowhere else.
 //! Nothing here times anything, except where a hand-off's measured span starts.
 
@@ -14,8 +15,8 @@ mod floor;
 mod lockrt;
 mod rslock;
 
-pub(crate) use floor::{Floor, SignalledFloor};
-pub(crate) use lockrt::{Lockrt, Via};
+pub(crate) use floor::{Floor, FloorTwo, SignalledFloor};
+pub(crate) use lockrt::{Lockrt, LockrtAll, Via};
 pub(crate) use rslock::Rslock;
 
 /// A lock as a workload uses it. Cloning gives another handle on the same connections
