@@ -429,3 +429,38 @@ fn a_release_begun_after_the_deadline_reports_the_loss_it_counts() {
     assert!(matches!(res, Err(LockError::Lost { .. })), "{res:?}");
     assert_eq!(lost_total(&c), 1, "{c:#?}");
 }
+
+#[test]
+fn locks_taken_and_released_are_counted_by_kind() {
+    let ((), c) = recorded(async || {
+        let locker = Locker::in_memory();
+        let read = locker
+            .acquire("cat", LockOptions::new().read())
+            .await
+            .unwrap();
+        let again = locker
+            .acquire("cat", LockOptions::new().read())
+            .await
+            .unwrap();
+        let permit = locker
+            .acquire("export", LockOptions::new().permits(2))
+            .await
+            .unwrap();
+        let lock = locker.acquire("job", LockOptions::new()).await.unwrap();
+        for g in [read, again, permit, lock] {
+            g.release().await.unwrap();
+        }
+    });
+    assert_eq!(c.get("lockrt_acquired_total{kind=read}"), Some(&2), "{c:?}");
+    assert_eq!(
+        c.get("lockrt_acquired_total{kind=permits}"),
+        Some(&1),
+        "{c:?}"
+    );
+    assert_eq!(
+        c.get("lockrt_acquired_total{kind=exclusive}"),
+        Some(&1),
+        "{c:?}"
+    );
+    assert_eq!(c.get("lockrt_released_total{kind=read}"), Some(&2), "{c:?}");
+}

@@ -159,3 +159,32 @@ fn the_log_names_durations_outcomes_and_causes_plainly() {
         assert!(!e.contains("reachability"), "{e}");
     }
 }
+
+#[distributed_lock(key = "cat:{tenant}", locker = locker, mode = "read")]
+async fn read_section(locker: &Locker, tenant: &str) -> Result<(), LockError> {
+    tracing::info!("reading");
+    Ok(())
+}
+
+#[distributed_lock(key = "export:{tenant}", locker = locker, permits = 3)]
+async fn permit_section(locker: &Locker, tenant: &str) -> Result<(), LockError> {
+    tracing::info!("exporting");
+    Ok(())
+}
+
+/// Read and permit sections name their kind in the span; a plain lock's span is unchanged.
+#[test]
+fn the_span_names_a_shared_kind() {
+    let out = logged(async || {
+        let locker = Locker::in_memory();
+        read_section(&locker, "acme").await.unwrap();
+        permit_section(&locker, "acme").await.unwrap();
+        instrument_below(&locker, 1).await.unwrap();
+    });
+    assert!(line(&out, "reading").contains("kind=\"read\""), "{out}");
+    assert!(
+        line(&out, "exporting").contains("kind=\"permits\""),
+        "{out}"
+    );
+    assert!(!line(&out, "inside the body").contains("kind="), "{out}");
+}
