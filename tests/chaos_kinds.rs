@@ -1,32 +1,36 @@
 //! The lock kinds under a randomized schedule: worker processes, each with its own `Locker`
-//! behind its own `FaultProxy`, run readers and writers of one read-write key and holders of a
-//! semaphore of 3 permits on another key, with random ttls (fixed ones too), waits, bodies and
-//! cancellations, while the test delays, drops, resets and partitions their traffic and
-//! freezes whole workers (SIGSTOP, often past their ttl). The kinds checker
-//! (`support::kinds`) with its fenced oracle on a second redis-server decides: no writer
-//! overlaps another holder, readers overlap only readers, never more than 3 permit holders,
-//! fences in order, no stale read or write accepted, no lost update.
+//! behind its own `FaultProxy`, run readers and writers of one read-write key, holders of a
+//! semaphore of 3 permits on another key, and holders of 2 or 3 of 4 exclusive keys at once
+//! (`acquire_all`, in random orders, sometimes with the read-write key as a writer), with
+//! random ttls (fixed ones too), waits, bodies and cancellations, while the test delays,
+//! drops, resets and partitions their traffic and freezes whole workers (SIGSTOP, often past
+//! their ttl). The kinds checker (`support::kinds`) with its fenced oracle on a second
+//! redis-server decides: no writer overlaps another holder, readers overlap only readers,
+//! never more than 3 permit holders, a multi-key section overlaps no holder of any of its
+//! keys, fences in order per key, no stale read or write accepted, no lost update on any key.
 //!
-//! `chaos_kinds_quick` runs with every `cargo test`; `chaos_kinds_long` in `cargo xtask
-//! chaos`. `LOCKRT_CHAOS_SEED=<seed>` runs only that seed (the same faults, not the same
+//! `chaos_kinds_restart_without_persistence` kills the lock server and starts it again empty
+//! while all of them run: a section that overlaps another must have been told `Lost`.
+//!
+//! `chaos_kinds_quick` runs with every `cargo test`; the others in `cargo xtask chaos`.
+//! `LOCKRT_CHAOS_SEED=<seed>` runs only that seed (the same faults, not the same
 //! interleaving).
 
 mod support;
+
+// Not a test target of its own (cargo builds every `tests/*.rs`): the worker's code.
+#[path = "support/kinds_worker.rs"]
+mod kinds_worker;
 
 use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use kinds_worker::MULTI_KEYS;
 use lockrt::testing::{Direction, FaultProxy, RedisServer};
-use lockrt::{LockOptions, Locker};
-use support::history::{
-    self, Log, Outcome, Recorder, Rng, Section, Stall, Stalls, Worker, mono_ns,
-};
-use support::kinds::{self, Kind, Oracle};
-
-const RW_KEY: &str = "kinds:rw";
-const SEM_KEY: &str = "kinds:sem";
-const PERMITS: u32 = 3;
+use support::history::{self, KeyPart, Rng, Section, Stall, Stalls, Worker, mono_ns};
+use support::kinds::oracle::Oracle;
+use support::kinds::{self, Kind, Told};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -42,31 +46,74 @@ fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
 /// A short run for every `cargo test`: one seed, 2 workers, 4 s.
 #[test]
 fn chaos_kinds_quick() {
-    run_seeds(&seeds([1]), 2, Duration::from_secs(4));
+    run_seeds(&seeds([1]), 2, Duration::from_secs(4), Schedule::Faults);
 }
 
 /// The long run: 2 seeds, 3 workers, 12 s each.
 #[test]
 #[ignore = "chaos: run with cargo xtask chaos"]
 fn chaos_kinds_long() {
-    run_seeds(&seeds([21, 22]), 3, Duration::from_secs(12));
+    run_seeds(
+        &seeds([21, 22]),
+        3,
+        Duration::from_secs(12),
+        Schedule::Faults,
+    );
 }
 
-/// A seed's checked history, with the stalls and faults the schedule inflicted.
-type SeedResult = (kinds::Report, Vec<Section>, Vec<Stall>, Vec<String>);
+/// The lock server (no persistence) killed and started again, empty, every 0.6-1.8 s while
+/// readers, writers, permit and multi-key holders run (no other faults, no cancellations):
+/// locks are legitimately lost, so sections may overlap, but only sections whose callers
+/// were told `Lost`; fenced writes and reads are still never accepted stale.
+#[test]
+#[ignore = "chaos: lock server restarts; run with cargo xtask chaos"]
+fn chaos_kinds_restart_without_persistence() {
+    run_seeds(
+        &seeds([91, 92]),
+        3,
+        Duration::from_secs(10),
+        Schedule::Restarts,
+    );
+}
 
-fn run_seeds(seeds: &[u64], workers: usize, secs: Duration) {
-    let lock_server = RedisServer::start().expect("lock redis-server");
+/// What the test does to the workers meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schedule {
+    /// Proxy faults and SIGSTOPs (`inject`), with cancellations in the workers.
+    Faults,
+    /// Lock server restarts (`restarts`).
+    Restarts,
+}
+
+/// A seed's checked history, with the stalls and faults the schedule inflicted, and what the
+/// callers were told.
+struct SeedResult {
+    report: kinds::Report,
+    sections: Vec<Section>,
+    stalls: Vec<Stall>,
+    faults: Vec<String>,
+    verdicts: std::collections::BTreeMap<String, usize>,
+}
+
+fn run_seeds(seeds: &[u64], workers: usize, secs: Duration, schedule: Schedule) {
+    let mut lock_server = RedisServer::start().expect("lock redis-server");
     let oracle_server = RedisServer::start().expect("oracle redis-server");
+    let name = match schedule {
+        Schedule::Faults => "chaos_kinds",
+        Schedule::Restarts => "chaos_kinds_restart_without_persistence",
+    };
     let mut failures = Vec::new();
     for &seed in seeds {
-        let (rep, sections, stalls, faults) =
-            run_seed(seed, workers, secs, &lock_server, &oracle_server);
-        println!("seed {seed}: faults: {}", faults.join(", "));
+        let servers = (&mut lock_server, &oracle_server);
+        let res = run_seed(seed, workers, secs, servers, schedule);
+        let rep = &res.report;
+        println!("seed {seed}: faults: {}", res.faults.join(", "));
         println!(
-            "FIGURE chaos_kinds seed {seed}: {workers} workers x {secs:?}, {} faults ({} stops): {}",
-            faults.len(),
-            stalls.len(),
+            "FIGURE {name} seed {seed}: {workers} workers x {secs:?}, {} faults ({} stops), \
+             verdicts {:?}: {}",
+            res.faults.len(),
+            res.stalls.len(),
+            res.verdicts,
             rep.summary()
         );
         let mut v = rep.violations();
@@ -77,7 +124,7 @@ fn run_seeds(seeds: &[u64], workers: usize, secs: Duration) {
             failures.push(format!(
                 "seed {seed} FAILED (replay: LOCKRT_CHAOS_SEED={seed}):\n  {}\ntimeline:\n{}",
                 v.join("\n  "),
-                history::timeline(&sections, &stalls, 200)
+                history::timeline(&res.sections, &res.stalls, 200)
             ));
         }
     }
@@ -88,34 +135,27 @@ fn run_seed(
     seed: u64,
     n: usize,
     secs: Duration,
-    lock_server: &RedisServer,
-    oracle_server: &RedisServer,
+    (lock_server, oracle_server): (&mut RedisServer, &RedisServer),
+    schedule: Schedule,
 ) -> SeedResult {
     let dir = scratch_dir(seed);
     let ns = format!("k{seed}-{}", mono_ns());
     let proxies: Vec<FaultProxy> = (0..n)
         .map(|_| FaultProxy::in_front_of(lock_server).expect("proxy"))
         .collect();
-    let workers: Vec<Worker> = proxies
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            Worker::spawn(
-                "worker",
-                &[
-                    ("url", p.url()),
-                    ("oracle", oracle_server.url()),
-                    ("ns", ns.clone()),
-                    ("log", dir.join(format!("w{i}.log")).display().to_string()),
-                    ("seed", (seed * 1000 + i as u64).to_string()),
-                    ("ms", secs.as_millis().to_string()),
-                ],
-                dir.join(format!("w{i}.out")),
-            )
-        })
-        .collect();
+    let urls = match schedule {
+        Schedule::Faults => proxies.iter().map(FaultProxy::url).collect(),
+        // Restarts: straight to the server, so nothing but the restart is between them.
+        Schedule::Restarts => vec![lock_server.url(); n],
+    };
+    let cancel = schedule == Schedule::Faults;
+    let workers = spawn_workers(seed, &urls, (&oracle_server.url(), &ns), &dir, secs, cancel);
     let stalls = Stalls::default();
-    let faults = inject(&mut Rng::new(seed), &proxies, &workers, &stalls, secs);
+    let mut rng = Rng::new(seed);
+    let faults = match schedule {
+        Schedule::Faults => inject(&mut rng, &proxies, &workers, &stalls, secs),
+        Schedule::Restarts => restarts(&mut rng, lock_server, secs),
+    };
     for w in workers {
         let out = w.join(secs + Duration::from_secs(40));
         for l in out
@@ -126,11 +166,71 @@ fn run_seed(
         }
     }
     let sections = history::load(&dir);
-    let state = Oracle::connect(&oracle_server.url(), &ns).state();
+    let (told, verdicts) = kinds_worker::load_told(&dir);
+    let mut oracle = Oracle::connect(&oracle_server.url(), &ns);
+    let (state, keys) = (oracle.state(), oracle.key_states(&MULTI_KEYS));
     let stalls = stalls.all();
-    let report = kinds::check(&sections, &stalls, state);
+    // Only a restart excuses a told section's overlap: under the other faults, none may.
+    let told = if schedule == Schedule::Restarts {
+        told
+    } else {
+        Told::new()
+    };
+    let report = kinds::check_told(&sections, &stalls, state, &told, &keys);
     let _ = std::fs::remove_dir_all(&dir);
-    (report, sections, stalls, faults)
+    SeedResult {
+        report,
+        sections,
+        stalls,
+        faults,
+        verdicts,
+    }
+}
+
+/// One worker per url, writing its records and verdicts to `dir`.
+fn spawn_workers(
+    seed: u64,
+    urls: &[String],
+    (oracle, ns): (&str, &str),
+    dir: &std::path::Path,
+    secs: Duration,
+    cancel: bool,
+) -> Vec<Worker> {
+    let file = |i: usize, ext: &str| dir.join(format!("w{i}.{ext}"));
+    (urls.iter().enumerate())
+        .map(|(i, url)| {
+            Worker::spawn(
+                "worker",
+                &[
+                    ("url", url.clone()),
+                    ("oracle", oracle.to_owned()),
+                    ("ns", ns.to_owned()),
+                    ("log", file(i, "log").display().to_string()),
+                    ("told", file(i, "told").display().to_string()),
+                    ("cancel", u8::from(cancel).to_string()),
+                    ("seed", (seed * 1000 + i as u64).to_string()),
+                    ("ms", secs.as_millis().to_string()),
+                ],
+                file(i, "out"),
+            )
+        })
+        .collect()
+}
+
+/// Kills the lock server and starts it again empty, every 0.6-1.8 s until the run's end.
+fn restarts(rng: &mut Rng, server: &mut RedisServer, secs: Duration) -> Vec<String> {
+    let mut out = Vec::new();
+    let end = Instant::now() + secs;
+    while Instant::now() + ms(1_500) < end {
+        thread::sleep(rng.ms(600, 1_800));
+        let t = Instant::now();
+        server.restart().expect("restart");
+        out.push(format!(
+            "restart ({:.0} ms)",
+            t.elapsed().as_secs_f64() * 1e3
+        ));
+    }
+    out
 }
 
 /// The schedule: one fault at a time, at random moments, on a random worker; stops last up
@@ -203,316 +303,11 @@ fn scratch_dir(seed: u64) -> PathBuf {
     dir
 }
 
-/// Callers per worker process: of the read-write key, then of the semaphore.
-const RW_CALLERS: u64 = 3;
-const SEM_CALLERS: u64 = 3;
-
-/// One worker process: readers, writers and permit holders until its time is up.
+/// One worker process (`support/kinds_worker.rs`).
 #[test]
 #[ignore = "worker process of this file's tests: they start it"]
 fn worker() {
-    let Some(cfg) = history::worker_settings() else {
-        return;
-    };
-    let get = |k: &str| {
-        cfg.get(k)
-            .unwrap_or_else(|| panic!("worker setting {k}"))
-            .clone()
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let seed: u64 = get("seed").parse().unwrap();
-    let run_for = ms(get("ms").parse().unwrap());
-    let log = Log::create(get("log").as_ref());
-    let (url, oracle_url, ns) = (get("url"), get("oracle"), get("ns"));
-    let tallies = rt.block_on(async {
-        let locker = connect(&url, &mut Rng::new(seed)).await;
-        let end = tokio::time::Instant::now() + run_for;
-        let callers: Vec<_> = (0..RW_CALLERS + SEM_CALLERS)
-            .map(|c| {
-                let c = Caller {
-                    locker: locker.clone(),
-                    oracle: Oracle::connect(&oracle_url, &ns),
-                    log: log.clone(),
-                    rng: Rng::new(seed.wrapping_mul(31).wrapping_add(c)),
-                    sem: c >= RW_CALLERS,
-                };
-                tokio::spawn(c.until(end))
-            })
-            .collect();
-        let mut tallies = Vec::new();
-        for c in callers {
-            tallies.push(c.await.unwrap().0);
-        }
-        tallies
-    });
-    drop(rt);
-    println!("WORKER {} {tallies:?}", std::process::id());
-}
-
-/// Connects through the proxy, which may be misbehaving right now (bounded retries).
-async fn connect(url: &str, rng: &mut Rng) -> Locker {
-    for _ in 0..50 {
-        let b = Locker::builder().url(url).connect_timeout(ms(300));
-        if let Ok(l) = b.response_timeout(rng.ms(100, 400)).build().await {
-            return l;
-        }
-        tokio::time::sleep(ms(100)).await;
-    }
-    panic!("could not connect through the proxy {url}");
-}
-
-/// One caller in a worker: of the semaphore, or of the read-write key (readers mostly).
-struct Caller {
-    locker: Locker,
-    oracle: Oracle,
-    log: Log,
-    rng: Rng,
-    sem: bool,
-}
-
-impl Caller {
-    async fn until(mut self, end: tokio::time::Instant) -> Tally {
-        let mut tally = Tally::default();
-        while tokio::time::Instant::now() < end {
-            let kind = if self.sem {
-                Kind::Permits(PERMITS)
-            } else if self.rng.chance(35) {
-                Kind::Exclusive
-            } else {
-                Kind::Read
-            };
-            self.once(kind, &mut tally).await;
-            tokio::time::sleep(self.rng.ms(0, 20)).await;
-        }
-        tally
-    }
-
-    /// One use with random options, body and cancellation; every call is bounded.
-    async fn once(&mut self, kind: Kind, tally: &mut Tally) {
-        let rng = &mut self.rng;
-        let fixed = rng.chance(25);
-        let ttl = if fixed {
-            ms(1_000)
-        } else {
-            ms([200, 500, 1_000][rng.range(0, 2) as usize])
-        };
-        let wait = if rng.chance(20) {
-            Duration::ZERO
-        } else {
-            rng.ms(0, 1_500)
-        };
-        // Mostly short bodies; some outlive a renewal or two (or a fixed lease).
-        let work = if rng.chance(20) {
-            rng.ms(0, ttl.as_millis() as u64 * 3 / 2)
-        } else {
-            rng.ms(0, 40)
-        };
-        let opts = kind.options().ttl(ttl).wait(wait).watchdog(!fixed);
-        let cancel = rng.chance(25).then(|| rng.ms(0, 1_200));
-        let style = rng.range(0, 2);
-        let key = if self.sem { SEM_KEY } else { RW_KEY };
-        let op = one_op(
-            &self.locker,
-            key,
-            (kind, opts),
-            style,
-            work,
-            &mut self.oracle,
-            &self.log,
-        );
-        let bound = cancel.unwrap_or(wait + ttl * 4 + work + Duration::from_secs(5));
-        match tokio::time::timeout(bound, op).await {
-            Ok(Ok(o)) => tally.count(o),
-            Ok(Err(e)) if e.is_timeout() => tally.bump("timeout"),
-            Ok(Err(e)) if e.is_lost() => tally.bump("lost"),
-            Ok(Err(e)) if e.is_backend() => tally.bump("backend"),
-            Ok(Err(e)) => panic!("unexpected error: {e:?}"),
-            Err(_) if cancel.is_some() => tally.bump("cancelled"),
-            Err(_) => panic!("a call did not finish within {bound:?} ({kind}, ttl {ttl:?})"),
-        }
-    }
-}
-
-fn is_lost(guard: Option<&lockrt::LockGuard>) -> bool {
-    guard.is_some_and(|g| g.is_lost())
-}
-
-/// The body's `await`: `false` if the guard said the lease was lost meanwhile. Without a
-/// guard (inside `run`) the runtime is trusted to cut the body short.
-async fn work_for(work: Duration, guard: Option<&lockrt::LockGuard>) -> bool {
-    match guard {
-        Some(g) => tokio::select! {
-            () = tokio::time::sleep(work) => true,
-            () = g.lost() => false,
-        },
-        None => {
-            tokio::time::sleep(work).await;
-            true
-        }
-    }
-}
-
-/// A section in progress; a permit holder leaves the oracle's count when it is dropped,
-/// however the body ends, before the record is written.
-struct Inside<'a, 'o> {
-    o: &'o mut Oracle,
-    r: Recorder<'a>,
-}
-
-impl Drop for Inside<'_, '_> {
-    fn drop(&mut self) {
-        if matches!(self.r.s.kind, Kind::Permits(_)) && self.r.s.claimed != 0 {
-            self.o.leave();
-            self.r.s.left = mono_ns();
-        }
-    }
-}
-
-impl Inside<'_, '_> {
-    /// The step before the `await` (see `support::kinds`): a writer's claim and read, a
-    /// reader's fenced read, a permit holder's entry. `None`: stale.
-    fn first(&mut self) -> Option<i64> {
-        let fence = self.r.s.fence;
-        let s = &mut self.r.s;
-        let v = match s.kind {
-            Kind::Exclusive => {
-                let ok = self.o.write_claim(fence);
-                (s.claimed, s.claim) = (mono_ns(), Some(ok));
-                if !ok {
-                    return None;
-                }
-                self.o.get()
-            }
-            Kind::Read => {
-                let v = self.o.read(fence);
-                (s.claimed, s.claim) = (mono_ns(), Some(v.is_some()));
-                v?
-            }
-            Kind::Permits(_) => {
-                let v = self.o.enter();
-                (s.claimed, s.claim, s.extra) = (mono_ns(), Some(true), Some(v));
-                return Some(v);
-            }
-        };
-        (s.read, s.read_value) = (mono_ns(), Some(v));
-        Some(v)
-    }
-
-    /// The step after the `await`: a writer's write, a reader's second fenced read (`false`
-    /// if stale), a permit holder counted done.
-    fn last(&mut self, first: i64) -> bool {
-        let s = &mut self.r.s;
-        let ok = match s.kind {
-            Kind::Exclusive => {
-                self.o.set(first + 1);
-                true
-            }
-            Kind::Read => {
-                s.extra = self.o.read(s.fence);
-                s.extra.is_some()
-            }
-            Kind::Permits(_) => {
-                self.o.cmd("INCR", "done");
-                true
-            }
-        };
-        (s.end, s.completed) = (mono_ns(), ok);
-        ok
-    }
-}
-
-/// One section of `kind`. With a guard (the `acquire` style), the body checks `is_lost()`
-/// before each step and stops when `lost()` fires; inside `run` the runtime must cut it short.
-async fn body(
-    kind: Kind,
-    o: &mut Oracle,
-    log: &Log,
-    fence: u64,
-    work: Duration,
-    guard: Option<&lockrt::LockGuard>,
-) -> Outcome {
-    let (pid, acquired) = (std::process::id(), mono_ns());
-    let s = Section {
-        pid,
-        fence,
-        kind,
-        acquired,
-        ..Section::default()
-    };
-    let mut p = Inside {
-        r: Recorder { log, s },
-        o,
-    };
-    if is_lost(guard) {
-        return Outcome::Lost;
-    }
-    let Some(first) = p.first() else {
-        return Outcome::Stale;
-    };
-    if !work_for(work, guard).await {
-        return Outcome::Lost;
-    }
-    p.r.s.wake = mono_ns();
-    if is_lost(guard) {
-        return Outcome::Lost;
-    }
-    if p.last(first) {
-        Outcome::Completed
-    } else {
-        Outcome::Stale
-    }
-}
-
-/// One use of the lock: `run` (0), `acquire` + guard (1) or `try_acquire` + guard (2).
-async fn one_op(
-    locker: &Locker,
-    key: &str,
-    (kind, opts): (Kind, LockOptions),
-    style: u64,
-    work: Duration,
-    oracle: &mut Oracle,
-    log: &Log,
-) -> Result<Option<Outcome>, lockrt::LockError> {
-    let g = match style {
-        0 => {
-            let section = async {
-                let fence = lockrt::current_lock().expect("inside run").fence();
-                body(kind, oracle, log, fence, work, None).await
-            };
-            return locker.run(key, opts, section).await.map(Some);
-        }
-        1 => locker.acquire(key, opts).await?,
-        _ => match locker.try_acquire(key, opts).await? {
-            Some(g) => g,
-            None => return Ok(None),
-        },
-    };
-    let o = body(kind, oracle, log, g.fence(), work, Some(&g)).await;
-    let _ = g.release().await;
-    Ok(Some(o))
-}
-
-/// How a worker's calls ended, by name.
-#[derive(Debug, Default)]
-struct Tally(std::collections::BTreeMap<&'static str, u32>);
-
-impl Tally {
-    fn bump(&mut self, what: &'static str) {
-        *self.0.entry(what).or_default() += 1;
-    }
-
-    fn count(&mut self, o: Option<Outcome>) {
-        self.bump(match o {
-            Some(Outcome::Completed) => "completed",
-            Some(Outcome::Stale) => "stale",
-            Some(Outcome::Lost) => "lost_in_body",
-            None => "busy",
-        });
-    }
+    kinds_worker::main();
 }
 
 // ---- the kinds checker must be able to fail ------------------------------------------------
@@ -597,4 +392,49 @@ fn kinds_checker_fails_a_fourth_permit_unless_a_holder_was_frozen_inside() {
     assert_eq!((r.over_limit.len(), r.excused_over_limit), (0, 1));
     let h = [sec(1, p, 32, (100, 200)), sec(2, p, 32, (300, 400))];
     assert_eq!(check(&h, &[]).fence_order.len(), 1, "same permit fence");
+}
+
+/// A completed multi-key section over `keys` (name, fence), each key read 0.
+fn multi(pid: u32, keys: &[(&str, u64)], span: (u64, u64)) -> Section {
+    let keys: Vec<KeyPart> = (keys.iter())
+        .map(|&(key, fence)| KeyPart {
+            key: key.into(),
+            fence,
+            read: Some(0),
+        })
+        .collect();
+    Section {
+        kind: Kind::Multi,
+        fence: keys[0].fence,
+        keys,
+        read: span.0 + 1,
+        ..sec(pid, Kind::Multi, 0, span)
+    }
+}
+
+#[test]
+fn kinds_checker_fails_a_multi_key_section_beside_a_holder_of_one_of_its_keys() {
+    let a = multi(1, &[("m0", 64), ("m1", 64)], (100, 300));
+    let b = multi(2, &[("m2", 96), ("m3", 96)], (150, 250));
+    let r = check(&[a.clone(), b], &[]);
+    assert!(r.overlaps.is_empty(), "{:?}", r.violations());
+    assert_eq!(r.multi_keys, 4);
+    // On m1 with `a`: an overlap, both read 0 (a lost update), and m1's fence not above.
+    let c = multi(3, &[("m1", 32), ("m2", 128)], (200, 400));
+    let r = check(&[a.clone(), c.clone()], &[]);
+    assert_eq!(
+        (r.overlaps.len(), r.lost_updates, r.fence_order.len()),
+        (1, 1, 1),
+        "{:?}",
+        r.violations()
+    );
+    assert!(r.overlaps[0].starts_with("key m1: "), "{:?}", r.overlaps);
+    // The same overlap of a section told `Lost` (as after a restart) is not a violation.
+    let told: kinds::Told = [kinds::multi::ident(&a)].into();
+    let r = kinds::check_told(&[a, c], &[], kinds::State::default(), &told, &[]);
+    assert_eq!((r.overlaps.len(), r.told_overlaps), (0, 1));
+    // With the read-write key: a writer there, so a reader inside overlaps it.
+    let w = multi(4, &[("m0", 160), ("rw", 160)], (500, 700));
+    let h = [w, sec(5, Kind::Read, 192, (600, 800))];
+    assert_eq!(check(&h, &[]).overlaps.len(), 1);
 }

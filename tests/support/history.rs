@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use super::kinds::Kind;
+pub use super::kinds::multi::KeyPart;
 
 /// `CLOCK_MONOTONIC` in nanoseconds: comparable between processes on one machine.
 pub fn mono_ns() -> u64 {
@@ -161,6 +162,8 @@ pub struct Section {
     pub extra: Option<i64>,
     /// Permit holders: after leaving the oracle's count inside (0: never counted).
     pub left: u64,
+    /// Multi-key sections: each key with its fence and counter read, sorted by key.
+    pub keys: Vec<KeyPart>,
 }
 
 impl Section {
@@ -184,7 +187,7 @@ impl Section {
     fn to_line(&self) -> String {
         let opt = |o: Option<i64>| o.map_or("-".to_owned(), |v| v.to_string());
         format!(
-            "S {} {} {} {} {} {} {} {} {} {} {} {} {}\n",
+            "S {} {} {} {} {} {} {} {} {} {} {} {} {}{}\n",
             self.pid,
             self.fence,
             self.acquired,
@@ -197,14 +200,16 @@ impl Section {
             u8::from(self.completed),
             self.kind,
             opt(self.extra),
-            self.left
+            self.left,
+            // A 15th field only for multi-key sections: other records stay as they were.
+            KeyPart::field(&self.keys)
         )
     }
 
     fn from_line(line: &str) -> Option<Section> {
         let f: Vec<&str> = line.split_whitespace().collect();
         // 11 fields: a record from before the kinds (an exclusive section).
-        if !(f.len() == 11 || f.len() == 14) || f[0] != "S" {
+        if !(f.len() == 11 || f.len() == 14 || f.len() == 15) || f[0] != "S" {
             return None;
         }
         let num = |i: usize| f[i].parse::<u64>().ok();
@@ -231,6 +236,7 @@ impl Section {
                 .map_or(Some(Kind::Exclusive), |k| k.parse().ok())?,
             extra: f.get(12).map_or(Some(None), |_| opt(12))?,
             left: f.get(13).map_or(Some(0), |_| num(13))?,
+            keys: f.get(14).map_or(Some(Vec::new()), |k| KeyPart::parse(k))?,
         })
     }
 }
@@ -249,7 +255,11 @@ impl fmt::Display for Section {
             self.acquired as f64 / 1e6,
             self.last_effect() as f64 / 1e6,
             if self.completed { "" } else { " (cut short)" }
-        )
+        )?;
+        if !self.keys.is_empty() {
+            write!(f, " of keys{}", KeyPart::field(&self.keys))?;
+        }
+        Ok(())
     }
 }
 
@@ -562,6 +572,7 @@ pub fn timeline(sections: &[Section], stalls: &[Stall], max: usize) -> String {
                     s.read_value,
                     match s.kind {
                         Kind::Exclusive => String::new(),
+                        Kind::Multi => format!(" m{}", KeyPart::field(&s.keys)),
                         k => format!(" {k} extra {:?}", s.extra),
                     },
                     if s.completed { "" } else { " cut short" }

@@ -2,7 +2,8 @@
 //! section recorded with its kind, checked by [`check`] against a kinds oracle.
 //!
 //! One history holds one read-write key (exclusive and read sections) and one semaphore key
-//! (permit sections): a key is either a lock or a semaphore, so the kind says which key.
+//! (permit sections): a key is either a lock or a semaphore, so the kind says which key. A
+//! multi-key section's record names its keys.
 //!
 //! - A *writer* does what [`super::history::section`] does, its claim also raising the highest
 //!   *writer* fence, so the oracle counts lost updates as before.
@@ -10,6 +11,8 @@
 //!   is below the highest writer fence the oracle accepted is rejected (a stale reader
 //!   detected). Its fence also raises the highest fence, so a writer below it is stale too.
 //!   The two reads must agree: a writer that wrote in between was inside with the reader.
+//! - A *multi-key* section (`acquire_all`) is a writer on each of its keys, the read-write key
+//!   among them or not; the exclusive keys have their own fences and counters ([`multi`]).
 //! - A *permit holder* `INCR`s the key's count inside when it starts (recording what it saw,
 //!   which must not exceed n) and `DECR`s it when it stops, however it stops.
 //!
@@ -17,10 +20,15 @@
 //! overlaps whatever the lock does. A permit holder frozen past its lease also stays in the
 //! oracle's count until it runs again, so a count it inflates is excused, and only then.
 
-use std::time::Duration;
+use std::collections::HashSet;
 use std::{fmt, str::FromStr};
 
 use super::history::{Section, Stall, stopped_during};
+
+pub mod multi;
+pub mod oracle;
+
+pub use oracle::State;
 
 /// What a section holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,24 +38,27 @@ pub enum Kind {
     Exclusive,
     Read,
     Permits(u32),
+    /// Exclusive locks of several keys at once (`acquire_all`): a writer on each of them.
+    Multi,
 }
 
 impl Kind {
     pub fn options(self) -> lockrt::LockOptions {
         match self {
-            Kind::Exclusive => lockrt::LockOptions::new(),
+            Kind::Exclusive | Kind::Multi => lockrt::LockOptions::new(),
             Kind::Read => lockrt::LockOptions::new().read(),
             Kind::Permits(n) => lockrt::LockOptions::new().permits(n),
         }
     }
 }
 
-/// As logged: `x`, `r`, `p<n>`.
+/// As logged: `x`, `r`, `p<n>`, `m`.
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Kind::Exclusive => f.write_str("x"),
             Kind::Read => f.write_str("r"),
+            Kind::Multi => f.write_str("m"),
             Kind::Permits(n) => write!(f, "p{n}"),
         }
     }
@@ -59,6 +70,7 @@ impl FromStr for Kind {
         match s {
             "x" => Ok(Kind::Exclusive),
             "r" => Ok(Kind::Read),
+            "m" => Ok(Kind::Multi),
             _ => s
                 .strip_prefix('p')
                 .and_then(|n| n.parse().ok())
@@ -68,180 +80,22 @@ impl FromStr for Kind {
     }
 }
 
-/// Fences are decimal strings compared by length then bytes (no rounding by Lua's doubles).
-const ABOVE: &str = "local function above(f, m) return #f > #m or (#f == #m and f > m) end\n";
-
-/// Writers: accepted only above every fence seen (readers' too); raises the writer fence.
-const WRITE: &str = r"
-if not above(ARGV[1], redis.call('GET', KEYS[1]) or '0') then
-  redis.call('INCR', KEYS[4])
-  return 0
-end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[1])
-redis.call('INCR', KEYS[3])
-return 1
-";
-
-/// Readers: rejected (-1) below the highest writer fence, else the counter.
-const READ: &str = r"
-if not above(ARGV[1], redis.call('GET', KEYS[2]) or '0') then
-  redis.call('INCR', KEYS[4])
-  return -1
-end
-if above(ARGV[1], redis.call('GET', KEYS[1]) or '0') then
-  redis.call('SET', KEYS[1], ARGV[1])
-end
-redis.call('INCR', KEYS[3])
-return tonumber(redis.call('GET', KEYS[5]) or '0')
-";
-
-/// Permit holders: one more inside; the highest count kept.
-const ENTER: &str = r"
-local v = redis.call('INCR', KEYS[1])
-if v > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], v) end
-return v
-";
-
-/// The kinds oracle: a redis-server the locks never touch, keys under one namespace per run.
-pub struct Oracle {
-    conn: redis::Connection,
-    ns: String,
-    write: redis::Script,
-    read: redis::Script,
-    enter: redis::Script,
-}
-
-/// What the oracle holds at the end of a run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct State {
-    pub counter: i64,
-    pub writes_accepted: i64,
-    pub writes_rejected: i64,
-    pub reads_accepted: i64,
-    pub reads_rejected: i64,
-    pub inside: i64,
-    pub inside_max: i64,
-    pub permits_done: i64,
-}
-
-const STATE_KEYS: [&str; 8] = [
-    "counter",
-    "w_ok",
-    "w_no",
-    "r_ok",
-    "r_no",
-    "inside",
-    "inside_max",
-    "done",
-];
-
-impl Oracle {
-    pub fn connect(url: &str, ns: &str) -> Oracle {
-        // No socket timeouts, as history::Oracle: SIGSTOP/SIGCONT would fail a read.
-        let conn = redis::Client::open(url)
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-            .expect("oracle connection");
-        Oracle {
-            conn,
-            ns: ns.to_owned(),
-            write: redis::Script::new(&format!("{ABOVE}{WRITE}")),
-            read: redis::Script::new(&format!("{ABOVE}{READ}")),
-            enter: redis::Script::new(ENTER),
-        }
-    }
-
-    fn key(&self, k: &str) -> String {
-        format!("oracle:{}:{k}", self.ns)
-    }
-
-    /// A writer's fenced claim: `true` if accepted.
-    pub fn write_claim(&mut self, fence: u64) -> bool {
-        let keys = ["max", "wmax", "w_ok", "w_no"].map(|k| self.key(k));
-        let mut call = self.write.key(&keys);
-        let n: i64 = call
-            .arg(fence.to_string())
-            .invoke(&mut self.conn)
-            .expect("oracle write");
-        n == 1
-    }
-
-    /// A reader's fenced read: the counter, `None` if the fence is stale.
-    pub fn read(&mut self, fence: u64) -> Option<i64> {
-        let keys = ["max", "wmax", "r_ok", "r_no", "counter"].map(|k| self.key(k));
-        let mut call = self.read.key(&keys);
-        let v: i64 = call
-            .arg(fence.to_string())
-            .invoke(&mut self.conn)
-            .expect("oracle read");
-        (v >= 0).then_some(v)
-    }
-
-    pub fn cmd(&mut self, cmd: &str, key: &str) -> i64 {
-        let k = self.key(key);
-        let v: Option<i64> = redis::cmd(cmd).arg(k).query(&mut self.conn).expect(cmd);
-        v.unwrap_or(0)
-    }
-
-    pub fn get(&mut self) -> i64 {
-        self.cmd("GET", "counter")
-    }
-
-    pub fn set(&mut self, v: i64) {
-        let k = self.key("counter");
-        let () = redis::cmd("SET")
-            .arg(k)
-            .arg(v)
-            .query(&mut self.conn)
-            .expect("SET");
-    }
-
-    /// A permit holder starts: how many are inside with it.
-    pub fn enter(&mut self) -> i64 {
-        let keys = ["inside", "inside_max"].map(|k| self.key(k));
-        self.enter
-            .key(&keys)
-            .invoke(&mut self.conn)
-            .expect("oracle enter")
-    }
-
-    pub fn leave(&mut self) {
-        self.cmd("DECR", "inside");
-    }
-
-    pub fn state(&mut self) -> State {
-        let keys = STATE_KEYS.map(|k| self.key(k));
-        let v: Vec<Option<i64>> = redis::cmd("MGET")
-            .arg(&keys)
-            .query(&mut self.conn)
-            .expect("MGET");
-        let n = |i: usize| v[i].unwrap_or(0);
-        State {
-            counter: n(0),
-            writes_accepted: n(1),
-            writes_rejected: n(2),
-            reads_accepted: n(3),
-            reads_rejected: n(4),
-            inside: n(5),
-            inside_max: n(6),
-            permits_done: n(7),
-        }
-    }
-}
-
 // ---- the checker ----------------------------------------------------------------------------
 
 /// What [`check`] found. Lists hold violations, one line each.
 #[derive(Debug, Default)]
 pub struct Report {
-    /// Sections per kind: writers, readers, permit holders; and how many completed.
-    pub sections: [usize; 3],
-    pub completed: [usize; 3],
+    /// Sections per kind: writers, readers, permit holders, multi-key; and how many completed.
+    pub sections: [usize; 4],
+    pub completed: [usize; 4],
     pub max_readers: usize,
     pub max_permits: usize,
     pub max_inside_seen: i64,
     pub overlaps: Vec<String>,
     pub excused_overlaps: usize,
+    /// Overlaps (and the over-limit counts, lost updates, changed reads they cause) of a
+    /// section whose caller was told its lock was lost: only what [`check_told`] is given.
+    pub told_overlaps: usize,
     pub over_limit: Vec<String>,
     pub excused_over_limit: usize,
     pub fence_order: Vec<String>,
@@ -258,7 +112,14 @@ pub struct Report {
     pub excused_lost_updates: usize,
     pub counter_expected: i64,
     pub state: State,
+    /// Multi-key sections: the exclusive keys they took (besides the read-write key), and
+    /// where a key's oracle and the records disagree.
+    pub multi_keys: usize,
+    pub key_disagreements: Vec<String>,
 }
+
+/// Sections whose caller was told the lock was lost, by [`multi::ident`].
+pub type Told = HashSet<(u32, u64)>;
 
 fn of(s: &[Section], k: impl Fn(Kind) -> bool) -> Vec<&Section> {
     let mut v: Vec<&Section> = s.iter().filter(|s| k(s.kind) && s.acquired != 0).collect();
@@ -268,33 +129,68 @@ fn of(s: &[Section], k: impl Fn(Kind) -> bool) -> Vec<&Section> {
 
 /// Checks a history of the kinds (see the module docs) against the oracle's final state.
 pub fn check(sections: &[Section], stalls: &[Stall], state: State) -> Report {
+    check_told(sections, stalls, state, &Told::new(), &[])
+}
+
+/// [`check`], where the sections in `told` (their callers heard `Lost`) may overlap others,
+/// as after a restart that forgot the locks; `keys` is the multi-key oracle's state.
+pub fn check_told(
+    sections: &[Section],
+    stalls: &[Stall],
+    state: State,
+    told: &Told,
+    keys: &[multi::KeyState],
+) -> Report {
     let mut r = Report {
         state,
         ..Report::default()
     };
-    let kinds: [fn(Kind) -> bool; 3] = [
+    let kinds: [fn(Kind) -> bool; 4] = [
         |k| k == Kind::Exclusive,
         |k| k == Kind::Read,
         |k| matches!(k, Kind::Permits(_)),
+        |k| k == Kind::Multi,
     ];
     for (i, k) in kinds.iter().enumerate() {
         r.sections[i] = sections.iter().filter(|s| k(s.kind)).count();
         r.completed[i] = sections.iter().filter(|s| k(s.kind) && s.completed).count();
     }
-    let rw = of(sections, |k| !matches!(k, Kind::Permits(_)));
-    rw_overlaps(&mut r, &rw, stalls);
+    // Multi-key sections that took the read-write key are writers of it.
+    let on_rw = multi::project(sections, multi::RW);
+    let mut rw = of(sections, |k| k == Kind::Exclusive || k == Kind::Read);
+    rw.extend(&on_rw);
+    rw.sort_by_key(|s| (s.acquired, s.fence));
+    let ex = Excuses { stalls, told };
+    rw_overlaps(&mut r, &rw, &ex);
     rw_fences(&mut r, &rw);
-    readers(&mut r, &rw, stalls);
-    lost_updates(&mut r, &rw, stalls);
+    readers(&mut r, &rw, &ex);
+    lost_updates(&mut r, &rw, &ex);
     let permits = of(sections, |k| matches!(k, Kind::Permits(_)));
-    permit_sweep(&mut r, &permits, stalls);
-    permit_counts(&mut r, &permits, stalls);
+    permit_sweep(&mut r, &permits, &ex);
+    permit_counts(&mut r, &permits, &ex);
+    multi::check_keys(&mut r, sections, &ex, keys);
     r
+}
+
+/// What may explain an anomaly: a process frozen inside a step, or a caller told `Lost`.
+struct Excuses<'a> {
+    stalls: &'a [Stall],
+    told: &'a Told,
+}
+
+impl Excuses<'_> {
+    fn frozen(&self, s: &Section) -> bool {
+        stopped_during(self.stalls, s.pid, s.last_step())
+    }
+
+    fn told(&self, s: &Section) -> bool {
+        self.told.contains(&multi::ident(s))
+    }
 }
 
 /// Writers overlap nobody, readers only readers: each section against those still inside
 /// when it starts.
-fn rw_overlaps(r: &mut Report, rw: &[&Section], stalls: &[Stall]) {
+fn rw_overlaps(r: &mut Report, rw: &[&Section], ex: &Excuses) {
     let mut active: Vec<&Section> = Vec::new();
     for &s in rw {
         active.retain(|a| a.last_effect() > s.acquired);
@@ -302,8 +198,10 @@ fn rw_overlaps(r: &mut Report, rw: &[&Section], stalls: &[Stall]) {
             if a.kind == Kind::Read && s.kind == Kind::Read {
                 continue;
             }
-            if stopped_during(stalls, a.pid, a.last_step()) {
+            if ex.frozen(a) {
                 r.excused_overlaps += 1;
+            } else if ex.told(a) {
+                r.told_overlaps += 1;
             } else {
                 r.overlaps
                     .push(format!("{a} still inside when {s} started"));
@@ -364,7 +262,7 @@ fn count(v: &[&Section], f: impl Fn(&Section) -> bool) -> usize {
 
 /// Readers' second reads: not stale (no writer with a higher fence started before it), and
 /// equal to the first, unless a writer frozen inside its write explains the change.
-fn readers(r: &mut Report, rw: &[&Section], stalls: &[Stall]) {
+fn readers(r: &mut Report, rw: &[&Section], ex: &Excuses) {
     let writers: Vec<&Section> = rw
         .iter()
         .copied()
@@ -379,12 +277,10 @@ fn readers(r: &mut Report, rw: &[&Section], stalls: &[Stall]) {
                 .push(format!("{s}: second read accepted after {w} had started"));
         }
         if s.extra != s.read_value {
-            let excused = writers.iter().any(|w| {
-                w.acquired < s.end
-                    && w.last_effect() > s.acquired
-                    && stopped_during(stalls, w.pid, w.last_step())
-            });
-            if !excused {
+            let by = |w: &&&Section| w.acquired < s.end && w.last_effect() > s.acquired;
+            if writers.iter().filter(by).any(|w| ex.told(w) || ex.told(s)) {
+                r.told_overlaps += 1;
+            } else if !writers.iter().filter(by).any(|w| ex.frozen(w)) {
                 r.changed_under_reader
                     .push(format!("{s} read {:?} then {:?}", s.read_value, s.extra));
             }
@@ -398,7 +294,7 @@ fn readers(r: &mut Report, rw: &[&Section], stalls: &[Stall]) {
 }
 
 /// Completed writers that read the same counter value lost an update.
-fn lost_updates(r: &mut Report, rw: &[&Section], stalls: &[Stall]) {
+fn lost_updates(r: &mut Report, rw: &[&Section], ex: &Excuses) {
     let mut by_value = std::collections::BTreeMap::<i64, Vec<&Section>>::new();
     for &s in rw
         .iter()
@@ -411,16 +307,17 @@ fn lost_updates(r: &mut Report, rw: &[&Section], stalls: &[Stall]) {
     }
     for group in by_value.values().filter(|g| g.len() > 1) {
         let lost = group.len() - 1;
-        let stalled = count(group, |s| stopped_during(stalls, s.pid, s.last_step()));
+        let stalled = count(group, |s| ex.frozen(s) || ex.told(s));
         r.lost_updates += lost;
         r.excused_lost_updates += lost.min(stalled);
     }
-    r.counter_expected = (r.completed[0] - r.lost_updates) as i64;
+    let completed = count(rw, |s| s.kind == Kind::Exclusive && s.completed);
+    r.counter_expected = (completed - r.lost_updates) as i64;
 }
 
 /// At no instant more than n permit holders inside (by their intervals); permit fences
 /// distinct.
-fn permit_sweep(r: &mut Report, permits: &[&Section], stalls: &[Stall]) {
+fn permit_sweep(r: &mut Report, permits: &[&Section], ex: &Excuses) {
     let mut active: Vec<&Section> = Vec::new();
     for &s in permits.iter().filter(|s| s.claim.is_some()) {
         let Kind::Permits(n) = s.kind else { continue };
@@ -428,9 +325,12 @@ fn permit_sweep(r: &mut Report, permits: &[&Section], stalls: &[Stall]) {
         let inside = active.len() + 1;
         r.max_permits = r.max_permits.max(inside);
         if inside > n as usize {
-            let frozen = count(&active, |a| stopped_during(stalls, a.pid, a.last_step()));
+            let frozen = count(&active, |a| ex.frozen(a));
+            let told = count(&active, |a| ex.told(a));
             if inside - frozen <= n as usize {
                 r.excused_over_limit += 1;
+            } else if inside - frozen - told.min(inside - frozen) <= n as usize {
+                r.told_overlaps += 1;
             } else {
                 let who: Vec<String> = active.iter().map(|a| a.to_string()).collect();
                 r.over_limit.push(format!(
@@ -452,7 +352,7 @@ fn permit_sweep(r: &mut Report, permits: &[&Section], stalls: &[Stall]) {
 
 /// The oracle's count inside as each permit holder saw it: at most n, but for holders still
 /// counted because their process was frozen since they entered.
-fn permit_counts(r: &mut Report, permits: &[&Section], stalls: &[Stall]) {
+fn permit_counts(r: &mut Report, permits: &[&Section], ex: &Excuses) {
     for &s in permits {
         let (Kind::Permits(n), Some(v)) = (s.kind, s.extra) else {
             continue;
@@ -461,16 +361,23 @@ fn permit_counts(r: &mut Report, permits: &[&Section], stalls: &[Stall]) {
         if v <= i64::from(n) {
             continue;
         }
-        let frozen = count(permits, |o| {
+        let inside = |o: &Section| {
             o != s
                 && o.claimed != 0
                 && o.acquired < s.claimed
                 && (o.left == 0 || o.left > s.acquired)
-                && stalls
+        };
+        let frozen = count(permits, |o| {
+            inside(o)
+                && ex
+                    .stalls
                     .iter()
                     .any(|t| t.pid == o.pid && t.stop <= s.claimed && t.cont >= o.acquired)
         });
-        if v - frozen as i64 > i64::from(n) {
+        let told = count(permits, |o| inside(o) && ex.told(o));
+        if v - frozen as i64 > i64::from(n) && v - (frozen + told) as i64 <= i64::from(n) {
+            r.told_overlaps += 1;
+        } else if v - frozen as i64 > i64::from(n) {
             r.over_limit.push(format!(
                 "{s} saw {v} inside the semaphore of {n} ({frozen} frozen)"
             ));
@@ -491,6 +398,7 @@ impl Report {
             ("stale write accepted", &self.stale_writes_accepted),
             ("stale read accepted", &self.stale_reads_accepted),
             ("counter changed under a reader", &self.changed_under_reader),
+            ("multi-key oracle", &self.key_disagreements),
         ];
         for (what, list) in lists {
             v.extend(list.iter().map(|l| format!("{what}: {l}")));
@@ -549,12 +457,14 @@ impl Report {
 
     /// One line of figures.
     pub fn summary(&self) -> String {
-        let [w, rd, p] = self.sections;
-        let [cw, crd, cp] = self.completed;
+        let [w, rd, p, m] = self.sections;
+        let [cw, crd, cp, cm] = self.completed;
         format!(
-            "writers {w} ({cw} completed), readers {rd} ({crd}), permits {p} ({cp}); max readers \
-             {}, max permits {} (oracle saw {}); overlaps {} ({} excused), over limit {} ({} \
-             excused), stale accepted {}+{}, stale rejected {}+{}, lost updates {} ({} excused)",
+            "writers {w} ({cw} completed), readers {rd} ({crd}), permits {p} ({cp}), multi-key \
+             {m} ({cm}) over {} keys + rw; max readers {}, max permits {} (oracle saw {}); \
+             overlaps {} ({} excused), over limit {} ({} excused), told lost and overlapped {}, \
+             stale accepted {}+{}, stale rejected {}+{}, lost updates {} ({} excused)",
+            self.multi_keys,
             self.max_readers,
             self.max_permits,
             self.max_inside_seen,
@@ -562,6 +472,7 @@ impl Report {
             self.excused_overlaps,
             self.over_limit.len() + self.excused_over_limit,
             self.excused_over_limit,
+            self.told_overlaps,
             self.stale_writes_accepted.len(),
             self.stale_reads_accepted.len(),
             self.stale_writes_rejected,

@@ -1,0 +1,537 @@
+//! The worker process of `tests/chaos_kinds.rs`: callers of the read-write key (readers
+//! mostly), of the semaphore, and of several exclusive keys at once (`acquire_all`, sometimes
+//! with the read-write key as a writer), each section recorded for `support::kinds`, and what
+//! each caller was told about its section recorded for the restart schedule's check.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockrt::{LockOptions, Locker, MultiGuard};
+
+use crate::support::history::{self, KeyPart, Log, Outcome, Recorder, Rng, Section, mono_ns};
+use crate::support::kinds::oracle::Oracle;
+use crate::support::kinds::{Kind, Told, multi};
+
+const RW_KEY: &str = "kinds:rw";
+const SEM_KEY: &str = "kinds:sem";
+const PERMITS: u32 = 3;
+/// The exclusive keys of multi-key sections by oracle name; the lock key is `kinds:<name>`.
+pub(crate) const MULTI_KEYS: [&str; 4] = ["m0", "m1", "m2", "m3"];
+
+/// Callers per worker process: of the read-write key, of the semaphore, of several keys.
+const RW_CALLERS: u64 = 3;
+const SEM_CALLERS: u64 = 3;
+const MULTI_CALLERS: u64 = 2;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// One worker process: readers, writers, permit holders and multi-key holders until its time
+/// is up. Settings: see `run_seed` in `tests/chaos_kinds.rs`.
+pub(crate) fn main() {
+    let Some(cfg) = history::worker_settings() else {
+        return;
+    };
+    let get = |k: &str| {
+        cfg.get(k)
+            .unwrap_or_else(|| panic!("worker setting {k}"))
+            .clone()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let seed: u64 = get("seed").parse().unwrap();
+    let run_for = ms(get("ms").parse().unwrap());
+    let log = Log::create(get("log").as_ref());
+    let told = Verdicts::create(get("told").as_ref());
+    let cancel = get("cancel") == "1";
+    let (url, oracle_url, ns) = (get("url"), get("oracle"), get("ns"));
+    let tallies = rt.block_on(async {
+        let locker = connect(&url, &mut Rng::new(seed)).await;
+        let end = tokio::time::Instant::now() + run_for;
+        let callers: Vec<_> = (0..RW_CALLERS + SEM_CALLERS + MULTI_CALLERS)
+            .map(|c| {
+                let c = Caller {
+                    locker: locker.clone(),
+                    oracle: Oracle::connect(&oracle_url, &ns),
+                    log: log.clone(),
+                    told: told.clone(),
+                    rng: Rng::new(seed.wrapping_mul(31).wrapping_add(c)),
+                    role: match c {
+                        c if c < RW_CALLERS => Role::Rw,
+                        c if c < RW_CALLERS + SEM_CALLERS => Role::Sem,
+                        _ => Role::Multi,
+                    },
+                    cancel,
+                };
+                tokio::spawn(c.until(end))
+            })
+            .collect();
+        let mut tallies = Vec::new();
+        for c in callers {
+            tallies.push(c.await.unwrap().0);
+        }
+        tallies
+    });
+    drop(rt);
+    println!("WORKER {} {tallies:?}", std::process::id());
+}
+
+/// What each caller was told about a section whose body ran: `V <pid> <fence> <verdict>`
+/// (the fence of a multi-key section's first key), `lost` when it heard its lock was lost.
+#[derive(Clone)]
+struct Verdicts(Arc<Mutex<std::fs::File>>);
+
+impl Verdicts {
+    fn create(path: &Path) -> Verdicts {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("verdicts file");
+        Verdicts(Arc::new(Mutex::new(f)))
+    }
+
+    fn write(&self, fence: u64, verdict: &str) {
+        let line = format!("V {} {fence} {verdict}\n", std::process::id());
+        let mut f = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f.write_all(line.as_bytes()).expect("write verdict");
+    }
+}
+
+/// The sections whose callers were told `Lost` (from every `*.told` file in `dir`), and how
+/// many sections ended with each verdict.
+pub(crate) fn load_told(dir: &Path) -> (Told, std::collections::BTreeMap<String, usize>) {
+    let (mut told, mut verdicts) = (Told::new(), std::collections::BTreeMap::new());
+    for entry in std::fs::read_dir(dir).expect("dir").flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "told") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [_, pid, fence, verdict] = f[..] else {
+                panic!("bad verdict {line:?}")
+            };
+            *verdicts.entry(verdict.to_owned()).or_insert(0) += 1;
+            if verdict == "lost" {
+                told.insert((pid.parse().unwrap(), fence.parse().unwrap()));
+            }
+        }
+    }
+    (told, verdicts)
+}
+
+/// Connects through the proxy, which may be misbehaving right now (bounded retries).
+async fn connect(url: &str, rng: &mut Rng) -> Locker {
+    for _ in 0..50 {
+        let b = Locker::builder().url(url).connect_timeout(ms(300));
+        if let Ok(l) = b.response_timeout(rng.ms(100, 400)).build().await {
+            return l;
+        }
+        tokio::time::sleep(ms(100)).await;
+    }
+    panic!("could not connect through the proxy {url}");
+}
+
+/// What a caller takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The read-write key: readers mostly, writers.
+    Rw,
+    Sem,
+    /// 2 or 3 keys at once: exclusive keys, sometimes the read-write key as a writer.
+    Multi,
+}
+
+/// One caller in a worker.
+struct Caller {
+    locker: Locker,
+    oracle: Oracle,
+    log: Log,
+    told: Verdicts,
+    rng: Rng,
+    role: Role,
+    /// Whether some calls are cancelled (not in the restart schedule: its check needs to know
+    /// what every caller was told).
+    cancel: bool,
+}
+
+impl Caller {
+    async fn until(mut self, end: tokio::time::Instant) -> Tally {
+        let mut tally = Tally::default();
+        while tokio::time::Instant::now() < end {
+            let kind = match self.role {
+                Role::Sem => Kind::Permits(PERMITS),
+                Role::Multi => Kind::Multi,
+                Role::Rw if self.rng.chance(35) => Kind::Exclusive,
+                Role::Rw => Kind::Read,
+            };
+            self.once(kind, &mut tally).await;
+            tokio::time::sleep(self.rng.ms(0, 20)).await;
+        }
+        tally
+    }
+
+    /// A random set of 2 or 3 keys in a random order; the read-write key in some.
+    fn key_set(&mut self) -> Vec<&'static str> {
+        let mut keys = MULTI_KEYS.to_vec();
+        for i in (1..keys.len()).rev() {
+            keys.swap(i, self.rng.range(0, i as u64) as usize);
+        }
+        keys.truncate(self.rng.range(2, 3) as usize);
+        if self.rng.chance(30) {
+            keys[0] = multi::RW;
+        }
+        keys
+    }
+
+    /// One use with random options, body and cancellation; every call is bounded.
+    async fn once(&mut self, kind: Kind, tally: &mut Tally) {
+        let names = if kind == Kind::Multi {
+            self.key_set()
+        } else {
+            Vec::new()
+        };
+        let rng = &mut self.rng;
+        let fixed = rng.chance(25);
+        let ttl = if fixed {
+            ms(1_000)
+        } else {
+            ms([200, 500, 1_000][rng.range(0, 2) as usize])
+        };
+        let wait = if rng.chance(20) {
+            Duration::ZERO
+        } else {
+            rng.ms(0, 1_500)
+        };
+        // Mostly short bodies; some outlive a renewal or two (or a fixed lease).
+        let work = if rng.chance(20) {
+            rng.ms(0, ttl.as_millis() as u64 * 3 / 2)
+        } else {
+            rng.ms(0, 40)
+        };
+        let opts = kind.options().ttl(ttl).wait(wait).watchdog(!fixed);
+        let cancel = (rng.chance(25) && self.cancel).then(|| rng.ms(0, 1_200));
+        let style = rng.range(0, 2);
+        let key = if kind == Kind::Permits(PERMITS) {
+            SEM_KEY
+        } else {
+            RW_KEY
+        };
+        let seen = AtomicU64::new(0);
+        let cx = Cx {
+            oracle: &mut self.oracle,
+            log: &self.log,
+            seen: &seen,
+        };
+        let op = async {
+            match kind {
+                Kind::Multi => multi_op(&self.locker, &names, opts, work, cx).await,
+                _ => one_op(&self.locker, key, (kind, opts), style, work, cx).await,
+            }
+        };
+        let bound = cancel.unwrap_or(wait + ttl * 4 + work + Duration::from_secs(5));
+        let res = tokio::time::timeout(bound, op).await;
+        let fence = seen.load(Ordering::SeqCst);
+        if fence != 0 {
+            self.told.write(fence, verdict(&res));
+        }
+        match res {
+            Ok(Ok(o)) => tally.count(o),
+            Ok(Err(e)) if e.is_timeout() => tally.bump("timeout"),
+            Ok(Err(e)) if e.is_lost() => tally.bump("lost"),
+            Ok(Err(e)) if e.is_backend() => tally.bump("backend"),
+            Ok(Err(e)) => panic!("unexpected error: {e:?}"),
+            Err(_) if cancel.is_some() => tally.bump("cancelled"),
+            Err(_) => panic!("a call did not finish within {bound:?} ({kind}, ttl {ttl:?})"),
+        }
+    }
+}
+
+type OpResult = Result<Option<Outcome>, lockrt::LockError>;
+
+/// What the caller heard about a section whose body ran: `lost` from the guard in the body,
+/// from `run` or from the release; `ok` (or `stale`) otherwise.
+fn verdict(res: &Result<OpResult, tokio::time::error::Elapsed>) -> &'static str {
+    match res {
+        Ok(Ok(Some(Outcome::Lost))) => "lost",
+        Ok(Err(e)) if e.is_lost() => "lost",
+        Ok(Ok(Some(Outcome::Stale))) => "stale",
+        Ok(Ok(_)) => "ok",
+        Ok(Err(_)) => "error",
+        Err(_) => "cancelled",
+    }
+}
+
+/// What a use of the lock writes to: the oracle, the log, and the fence its body ran with.
+struct Cx<'a> {
+    oracle: &'a mut Oracle,
+    log: &'a Log,
+    seen: &'a AtomicU64,
+}
+
+fn is_lost(guard: Option<&lockrt::LockGuard>) -> bool {
+    guard.is_some_and(|g| g.is_lost())
+}
+
+/// The body's `await`: `false` if the guard said the lease was lost meanwhile. Without a
+/// guard (inside `run`) the runtime is trusted to cut the body short.
+async fn work_for(work: Duration, guard: Option<&lockrt::LockGuard>) -> bool {
+    match guard {
+        Some(g) => tokio::select! {
+            () = tokio::time::sleep(work) => true,
+            () = g.lost() => false,
+        },
+        None => {
+            tokio::time::sleep(work).await;
+            true
+        }
+    }
+}
+
+/// A section in progress; a permit holder leaves the oracle's count when it is dropped,
+/// however the body ends, before the record is written.
+struct Inside<'a, 'o> {
+    o: &'o mut Oracle,
+    r: Recorder<'a>,
+}
+
+impl Drop for Inside<'_, '_> {
+    fn drop(&mut self) {
+        if matches!(self.r.s.kind, Kind::Permits(_)) && self.r.s.claimed != 0 {
+            self.o.leave();
+            self.r.s.left = mono_ns();
+        }
+    }
+}
+
+impl Inside<'_, '_> {
+    /// The step before the `await` (see `support::kinds`): a writer's claim and read, a
+    /// reader's fenced read, a permit holder's entry. `None`: stale.
+    fn first(&mut self) -> Option<i64> {
+        let fence = self.r.s.fence;
+        let s = &mut self.r.s;
+        let v = match s.kind {
+            Kind::Exclusive => {
+                let ok = self.o.write_claim(fence);
+                (s.claimed, s.claim) = (mono_ns(), Some(ok));
+                if !ok {
+                    return None;
+                }
+                self.o.get()
+            }
+            Kind::Read => {
+                let v = self.o.read(fence);
+                (s.claimed, s.claim) = (mono_ns(), Some(v.is_some()));
+                v?
+            }
+            Kind::Multi => unreachable!("multi-key sections run in multi_body"),
+            Kind::Permits(_) => {
+                let v = self.o.enter();
+                (s.claimed, s.claim, s.extra) = (mono_ns(), Some(true), Some(v));
+                return Some(v);
+            }
+        };
+        (s.read, s.read_value) = (mono_ns(), Some(v));
+        Some(v)
+    }
+
+    /// The step after the `await`: a writer's write, a reader's second fenced read (`false`
+    /// if stale), a permit holder counted done.
+    fn last(&mut self, first: i64) -> bool {
+        let s = &mut self.r.s;
+        let ok = match s.kind {
+            Kind::Exclusive => {
+                self.o.set(first + 1);
+                true
+            }
+            Kind::Read => {
+                s.extra = self.o.read(s.fence);
+                s.extra.is_some()
+            }
+            Kind::Multi => unreachable!("multi-key sections run in multi_body"),
+            Kind::Permits(_) => {
+                self.o.cmd("INCR", "done");
+                true
+            }
+        };
+        (s.end, s.completed) = (mono_ns(), ok);
+        ok
+    }
+}
+
+/// One section of `kind`. With a guard (the `acquire` style), the body checks `is_lost()`
+/// before each step and stops when `lost()` fires; inside `run` the runtime must cut it short.
+async fn body(
+    kind: Kind,
+    o: &mut Oracle,
+    log: &Log,
+    fence: u64,
+    work: Duration,
+    guard: Option<&lockrt::LockGuard>,
+) -> Outcome {
+    let (pid, acquired) = (std::process::id(), mono_ns());
+    let s = Section {
+        pid,
+        fence,
+        kind,
+        acquired,
+        ..Section::default()
+    };
+    let mut p = Inside {
+        r: Recorder { log, s },
+        o,
+    };
+    if is_lost(guard) {
+        return Outcome::Lost;
+    }
+    let Some(first) = p.first() else {
+        return Outcome::Stale;
+    };
+    if !work_for(work, guard).await {
+        return Outcome::Lost;
+    }
+    p.r.s.wake = mono_ns();
+    if is_lost(guard) {
+        return Outcome::Lost;
+    }
+    if p.last(first) {
+        Outcome::Completed
+    } else {
+        Outcome::Stale
+    }
+}
+
+/// One use of the lock: `run` (0), `acquire` + guard (1) or `try_acquire` + guard (2).
+async fn one_op(
+    locker: &Locker,
+    key: &str,
+    (kind, opts): (Kind, LockOptions),
+    style: u64,
+    work: Duration,
+    cx: Cx<'_>,
+) -> OpResult {
+    let Cx { oracle, log, seen } = cx;
+    let g = match style {
+        0 => {
+            let section = async {
+                let fence = lockrt::current_lock().expect("inside run").fence();
+                seen.store(fence, Ordering::SeqCst);
+                body(kind, oracle, log, fence, work, None).await
+            };
+            return locker.run(key, opts, section).await.map(Some);
+        }
+        1 => locker.acquire(key, opts).await?,
+        _ => match locker.try_acquire(key, opts).await? {
+            Some(g) => g,
+            None => return Ok(None),
+        },
+    };
+    seen.store(g.fence(), Ordering::SeqCst);
+    let o = body(kind, oracle, log, g.fence(), work, Some(&g)).await;
+    release(g.release().await, o)
+}
+
+/// The section's outcome, or the release's `Lost`: the caller is told the lock was lost.
+/// Other release errors leave the outcome as it was (the lock expires).
+fn release(res: Result<(), lockrt::LockError>, o: Outcome) -> OpResult {
+    match res {
+        Err(e) if e.is_lost() && o != Outcome::Lost => Err(e),
+        _ => Ok(Some(o)),
+    }
+}
+
+/// One multi-key use: `acquire_all` of the keys named `kinds:<name>`, then the body with the
+/// guard (it checks `is_lost()` before each step and stops when `lost()` fires).
+async fn multi_op(
+    locker: &Locker,
+    names: &[&str],
+    opts: LockOptions,
+    work: Duration,
+    cx: Cx<'_>,
+) -> OpResult {
+    let keys = names.iter().map(|n| format!("kinds:{n}"));
+    let g = locker.acquire_all(keys, opts).await?;
+    let parts: Vec<(String, u64)> = (g.fences().into_iter())
+        .map(|(k, f)| (k.trim_start_matches("kinds:").to_owned(), f))
+        .collect();
+    cx.seen.store(parts[0].1, Ordering::SeqCst);
+    let o = multi_body(cx.oracle, cx.log, &parts, work, &g).await;
+    release(g.release().await, o)
+}
+
+/// A writer on each key: one all-or-none fenced claim that reads every key's counter, the
+/// `await`, then every counter set to what it read plus one.
+async fn multi_body(
+    o: &mut Oracle,
+    log: &Log,
+    parts: &[(String, u64)],
+    work: Duration,
+    g: &MultiGuard,
+) -> Outcome {
+    let keys = (parts.iter())
+        .map(|(key, fence)| KeyPart {
+            key: key.clone(),
+            fence: *fence,
+            read: None,
+        })
+        .collect();
+    let s = Section {
+        pid: std::process::id(),
+        fence: parts[0].1,
+        kind: Kind::Multi,
+        acquired: mono_ns(),
+        keys,
+        ..Section::default()
+    };
+    let mut r = Recorder { log, s };
+    if g.is_lost() {
+        return Outcome::Lost;
+    }
+    let read = o.claim_all(parts);
+    (r.s.claimed, r.s.claim) = (mono_ns(), Some(read.is_some()));
+    r.s.read = r.s.claimed;
+    let Some(read) = read else {
+        return Outcome::Stale;
+    };
+    for (p, v) in r.s.keys.iter_mut().zip(&read) {
+        p.read = Some(*v);
+    }
+    tokio::select! {
+        () = tokio::time::sleep(work) => {}
+        () = g.lost() => return Outcome::Lost,
+    }
+    r.s.wake = mono_ns();
+    if g.is_lost() {
+        return Outcome::Lost;
+    }
+    o.set_all(parts, &read);
+    (r.s.end, r.s.completed) = (mono_ns(), true);
+    Outcome::Completed
+}
+
+/// How a worker's calls ended, by name.
+#[derive(Debug, Default)]
+struct Tally(std::collections::BTreeMap<&'static str, u32>);
+
+impl Tally {
+    fn bump(&mut self, what: &'static str) {
+        *self.0.entry(what).or_default() += 1;
+    }
+
+    fn count(&mut self, o: Option<Outcome>) {
+        self.bump(match o {
+            Some(Outcome::Completed) => "completed",
+            Some(Outcome::Stale) => "stale",
+            Some(Outcome::Lost) => "lost_in_body",
+            None => "busy",
+        });
+    }
+}
