@@ -170,6 +170,97 @@ async fn another_kind_is_refused_while_a_waiter_is_queued() {
     stalled.join().unwrap();
 }
 
+/// Runs `f` on a thread of its own with a one-thread runtime: a process of its own, whose
+/// thread the test can stall.
+fn on_own_thread<F: Future<Output = ()> + Send + 'static>(f: F) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(f);
+    })
+}
+
+/// The kind of a key with no holder comes from its longest live waiter even behind lapsed
+/// registrations: 16 waiters of a stalled process lapse in front of a live writer, and a
+/// semaphore's caller must still be refused until the writer has the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_writer_behind_lapsed_waiters_still_decides_the_kind() {
+    let redis = RedisServer::start().expect("redis-server");
+    let url = redis.url();
+    let key = "export:lapsed";
+    let a = Locker::builder().url(&url).build().await.unwrap();
+    let crashed = a.acquire(key, LockOptions::new().ttl(ms(600)).watchdog(false));
+    std::mem::forget(crashed.await.unwrap());
+    let stalled = on_own_thread({
+        let url = url.clone();
+        async move {
+            // 16 lockers: a locker's own callers queue in it, only its first in Redis.
+            for _ in 0..16 {
+                let l = Locker::builder().url(&url).build().await.unwrap();
+                tokio::spawn(async move { l.acquire(key, LockOptions::new()).await.map(drop) });
+            }
+            tokio::time::sleep(ms(150)).await;
+            // Queued, then no refresh: the 16 registrations lapse about 2 s after.
+            std::thread::sleep(ms(4_000));
+        }
+    });
+    tokio::time::sleep(ms(250)).await;
+    let w = Locker::builder().url(&url).build().await.unwrap();
+    let writer =
+        tokio::spawn(async move { w.acquire(key, LockOptions::new().wait(ms(10_000))).await });
+    let s = Locker::builder().url(&url).build().await.unwrap();
+    let started = Instant::now();
+    while !writer.is_finished() && started.elapsed() < ms(6_000) {
+        let res = s.try_acquire(key, slots(3)).await;
+        assert!(
+            matches!(res, Err(LockError::KindConflict { .. })),
+            "a permit caller got {:?} ahead of the live writer",
+            res.map(|g| g.map(|g| g.fence()))
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+    let held = writer
+        .await
+        .unwrap()
+        .expect("the writer, first live in line");
+    held.release().await.unwrap();
+    stalled.join().unwrap();
+}
+
+/// In memory too: a writer of a peer queued first and not polled when the holder releases is
+/// not passed by a semaphore's caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_a_queued_writer_decides_the_kind() {
+    let m = Locker::in_memory();
+    let (p, w) = (m.in_memory_peer().unwrap(), m.in_memory_peer().unwrap());
+    let key = "export:mem";
+    let g = m.acquire(key, LockOptions::new()).await.unwrap();
+    let writer = on_own_thread(async move {
+        let h =
+            tokio::spawn(async move { w.acquire(key, LockOptions::new().wait(ms(3_000))).await });
+        tokio::time::sleep(ms(100)).await;
+        // Busy: queued, but not polled when the lock is released.
+        std::thread::sleep(ms(300));
+        h.await
+            .unwrap()
+            .expect("the queued writer")
+            .release()
+            .await
+            .unwrap();
+    });
+    tokio::time::sleep(ms(200)).await;
+    g.release().await.unwrap();
+    let res = p.try_acquire(key, slots(3)).await;
+    assert!(
+        matches!(res, Err(LockError::KindConflict { .. })),
+        "{:?}",
+        res.map(|g| g.is_some())
+    );
+    writer.join().unwrap();
+}
+
 async fn all(a: Locker, b: Locker) {
     limit_and_conflicts(a.clone(), b.clone(), "export:1").await;
     handover_and_crash(a.clone(), b.clone(), "export:2").await;

@@ -69,10 +69,16 @@ impl State {
     }
 
     /// What `lock` is in use as, when that is not `kind` (a lock or write lock, readers, a
-    /// semaphore of another size) and the two cannot meet.
+    /// semaphore of another size) and the two cannot meet: its holders' kind, or with none,
+    /// what the longest live waiter asked for (its place came first).
     fn conflict(&mut self, lock: &str, kind: LockKind, now: Instant) -> Option<LockKind> {
         let locked = self.live_lock(lock, now).is_some();
-        let shared = self.shares(lock, now).map(|s| s.kind);
+        let waiting = (self.queues.get_mut(lock)).and_then(|q| q.first_kind(now));
+        let shared = match self.shares(lock, now).map(|s| s.kind) {
+            Some(k) => Some(k),
+            None if locked => None,
+            None => waiting,
+        };
         match (kind, shared) {
             (LockKind::Permits(_), _) if locked => Some(LockKind::Exclusive),
             (LockKind::Permits(n), Some(found)) if found != LockKind::Permits(n) => Some(found),
@@ -232,13 +238,12 @@ impl MemoryBackend {
             return Attempt::Acquired { fence };
         }
         let (busy, room) = st.busy(lock, key.kind, token, now);
-        let reader = key.kind == LockKind::Read;
         let queued = st.queues.get_mut(lock);
-        let let_in = queued.is_none_or(|q| q.lets_in(token, reader, room, now));
+        let let_in = queued.is_none_or(|q| q.lets_in(token, key.kind, room, now));
         if busy.is_some() || !let_in {
             if let Some(q) = queue {
                 let places = st.queues.entry(lock.to_owned()).or_default();
-                places.join(token, reader, q.register, now);
+                places.join(token, key.kind, q.register, now);
             }
             return Attempt::Held {
                 pttl: busy.flatten(),

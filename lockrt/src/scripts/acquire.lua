@@ -21,10 +21,10 @@
 -- ARGV[2]'s acquisition was abandoned (see KEYS[8]); {rid, 0, -5, counter} when the lock is
 -- free but the queue's head is not known yet (64 lapsed registrations were dropped and more
 -- may follow: ask again at once); {rid, 0, -6, counter, kind} when the key is in use as a
--- semaphore ('s<n>', see `conflicting`). `counter` is the fencing counter's value, -1 when it does not exist: a grant to
--- ARGV[2] with a fence not above a known counter is stale (its lease ran out before this call,
--- or this call would have found ARGV[2] holding the lock), and with the counter unknown a
--- grant must be confirmed by another call.
+-- semaphore ('s<n>', see `conflicting`). `counter` is the fencing counter's value, -1 when it
+-- does not exist: a grant to ARGV[2] with a fence not above a known counter is stale (its
+-- lease ran out before this call, or this call would have found ARGV[2] holding the lock),
+-- and with the counter unknown a grant must be confirmed by another call.
 -- KEYS[8]: `{lock}:done:<token>`, which release.lua sets when ARGV[2] released the lock ('1')
 -- or its acquisition was abandoned ('a', its compensation ran): a request of it that reaches
 -- Redis only after that (held up in the network) takes neither the lock nor a queue place.
@@ -42,6 +42,10 @@ if redis.call('EXISTS', KEYS[8]) == 1 then
 end
 
 local found = conflicting('x')
+if found == '?' then
+  enqueue()
+  return {rid, 0, -5, counter()}
+end
 if found then
   return {rid, 0, -6, counter(), found}
 end

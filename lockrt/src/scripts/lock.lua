@@ -160,17 +160,22 @@ end
 -- What the key is in use as, when that does not go with `want` (the caller's kind: 'x' the
 -- lock or its write side, 'r' a read share, 's<n>' a permit of a semaphore of n): the shared
 -- holders' kind, 'x' when the lock is held, else what the longest live waiter asked for (its
--- place came first). A lock and its read shares go together; a semaphore only with itself, of
--- the same n. Returns the kind found on a conflict, nil otherwise.
+-- place came first; lapsed registrations ahead of it are dropped, 64 at most: '?' when it is
+-- not known yet, ask again). A lock and its read shares go together; a semaphore only with
+-- itself, of the same n. Returns the kind found on a conflict, nil otherwise.
 local function conflicting(want)
   local kind = redis.call('HGET', KEYS[7], 'kind')
   if not kind and redis.call('EXISTS', KEYS[1]) == 1 then kind = 'x' end
   if not kind then
-    for _, t in ipairs(redis.call('ZRANGE', KEYS[3], 0, 15)) do
-      if registration(t) then
-        kind = redis.call('HGET', KEYS[4], 'k:' .. t) or 'x'
+    for i = 1, 65 do
+      local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+      if not head then break end
+      if i == 65 then return '?' end
+      if registration(head) then
+        kind = redis.call('HGET', KEYS[4], 'k:' .. head) or 'x'
         break
       end
+      unqueue(head)
     end
   end
   if not kind or kind == want then return nil end

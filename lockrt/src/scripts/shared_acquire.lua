@@ -18,6 +18,10 @@ if redis.call('EXISTS', KEYS[8]) == 1 then
   return {rid, 0, -4, counter()}
 end
 local found = conflicting(want)
+if found == '?' then
+  enqueue()
+  return {rid, 0, -5, counter()}
+end
 if found then
   return {rid, 0, -6, counter(), found}
 end

@@ -39,10 +39,10 @@ impl Shared {
     }
 }
 
-/// A queued waiter.
+/// A queued waiter, and what it asked for.
 struct Place {
     token: Token,
-    reader: bool,
+    kind: LockKind,
     until: Instant,
 }
 
@@ -52,15 +52,21 @@ pub(super) struct Queue(Vec<Place>);
 
 impl Queue {
     /// Queues `token` (or refreshes its place) for `register`.
-    pub(super) fn join(&mut self, token: &Token, reader: bool, register: Duration, now: Instant) {
+    pub(super) fn join(&mut self, token: &Token, kind: LockKind, register: Duration, now: Instant) {
         match self.0.iter_mut().find(|p| p.token == *token) {
             Some(p) => p.until = now + register,
             None => self.0.push(Place {
                 token: *token,
-                reader,
+                kind,
                 until: now + register,
             }),
         }
+    }
+
+    /// What the longest live waiter asked for (lapsed places are dropped).
+    pub(super) fn first_kind(&mut self, now: Instant) -> Option<LockKind> {
+        self.0.retain(|p| p.until > now);
+        self.0.first().map(|p| p.kind)
     }
 
     /// Takes `token` out of the queue: whether it was queued.
@@ -79,21 +85,21 @@ impl Queue {
     }
 
     /// Whether the queue lets `token` in now (lapsed places are dropped): a writer
-    /// (`room == None`, `reader == false`) when nobody live is ahead; a reader when no live
-    /// writer is; a semaphore's caller when fewer than `room` live waiters are.
+    /// (`room == None`) when nobody live is ahead; a reader when no live writer is; a
+    /// semaphore's caller when fewer than `room` live waiters are.
     pub(super) fn lets_in(
         &mut self,
         token: &Token,
-        reader: bool,
+        kind: LockKind,
         room: Option<usize>,
         now: Instant,
     ) -> bool {
         self.0.retain(|p| p.until > now);
         let ahead = self.0.iter().take_while(|p| p.token != *token);
-        match (room, reader) {
+        match (room, kind) {
             (Some(room), _) => ahead.count() < room,
-            (None, true) => ahead.filter(|p| !p.reader).count() == 0,
-            (None, false) => ahead.count() == 0,
+            (None, LockKind::Read) => ahead.filter(|p| p.kind != LockKind::Read).count() == 0,
+            (None, _) => ahead.count() == 0,
         }
     }
 }
