@@ -272,3 +272,46 @@ async fn on_sentinel() {
     all_or_none_loss_and_reentrancy(connect().await, connect().await, a, b).await;
     opposite_orders_never_deadlock(connect().await, connect().await, a, b).await;
 }
+
+/// A key taken first and lost silently while the next is waited for (here deleted behind
+/// lockrt's back, as a server restarted without its data would) is found before the body
+/// starts: `acquire_all` returns that key's `Lost`, never a guard with a stale fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_lost_while_the_next_is_waited_for_is_found_before_the_body() {
+    let redis = RedisServer::start().expect("redis-server");
+    let locker = Locker::builder().url(redis.url()).build().await.unwrap();
+    let other = Locker::builder().url(redis.url()).build().await.unwrap();
+    let (a, b) = ("acct:1", "acct:2");
+    let held = other.acquire(b, LockOptions::new()).await.unwrap();
+    let waiting = locker.acquire_all([a, b], LockOptions::new().wait(ms(5_000)));
+    let meddle = async {
+        let mut conn = redis
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let end = Instant::now() + ms(5_000);
+        while locker.lock_info(a).await.unwrap().is_none() {
+            assert!(Instant::now() < end, "{a} never taken");
+            tokio::time::sleep(ms(5)).await;
+        }
+        let _: () = redis::cmd("DEL")
+            .arg(format!("lock:{a}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        held.release().await.unwrap();
+    };
+    let (res, ()) = tokio::join!(waiting, meddle);
+    match res {
+        Err(LockError::Lost { key, .. }) => assert_eq!(key, a),
+        other => panic!(
+            "expected {a}'s Lost, got {:?}",
+            other.map(|g| g.fences().len())
+        ),
+    }
+    let both = other
+        .acquire_all([a, b], LockOptions::new().wait(ms(2_000)))
+        .await;
+    both.expect("nothing left held").release().await.unwrap();
+}

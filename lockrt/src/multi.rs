@@ -18,8 +18,9 @@ use std::task::Poll;
 use futures_util::future::select_all;
 use tokio::time::Instant;
 
+use crate::backend::contract::Renewal;
 use crate::context;
-use crate::error::LockError;
+use crate::error::{LockError, LossCause};
 use crate::guard::{HeldLock, LockGuard};
 use crate::lease::LeaseInfo;
 use crate::locker::Locker;
@@ -184,14 +185,62 @@ impl Locker {
                 }
             }
         }
-        // A key taken first may have been lost while the others were waited for (a fixed
-        // lease run out, a forced unlock): nobody gets a guard that is already lost.
+        // A key taken first may have been lost while the others were waited for: a fixed
+        // lease run out or a forced unlock (known here), or a server restarted without its
+        // data (known only by asking). Nobody gets a guard that is already lost.
+        let earlier = &guards[..guards.len().saturating_sub(1)];
+        if let Err(e) = self.confirm_held(earlier).await {
+            let _ = MultiGuard { guards }.release().await;
+            return Err(e);
+        }
         if let Some(lost) = guards.iter().find(|g| g.is_lost()) {
             let e = lost.lease().lost_error();
             let _ = MultiGuard { guards }.release().await;
             return Err(e);
         }
         Ok(MultiGuard { guards })
+    }
+
+    /// Checks with the backend that each of `earlier` (taken before the keys waited for after
+    /// them) is still held, with one owner-checked renewal per cluster slot: a lock deleted
+    /// while the rest were waited for (a server restarted without its data) must not let the
+    /// body start. A fixed lease is renewed only up to its own end.
+    async fn confirm_held(&self, earlier: &[LockGuard]) -> Result<(), LockError> {
+        let now = Instant::now();
+        let mut batch: Vec<(u16, &LeaseInfo, Renewal<'_>)> = (earlier.iter())
+            .map(|g| {
+                let info = &**g.lease();
+                let lease = match info.watchdog {
+                    true => info.ttl,
+                    false => info.deadline().saturating_duration_since(now) + info.safety,
+                };
+                let renewal = Renewal {
+                    lock: info.key.lock(),
+                    token: &info.token,
+                    lease,
+                    passed_to: None,
+                    shared: info.key.kind.is_shared(),
+                };
+                (self.backend().renewal_group(&info.key), info, renewal)
+            })
+            .collect();
+        batch.sort_by_key(|(group, _, _)| *group);
+        for group in batch.chunk_by(|a, b| a.0 == b.0) {
+            let renewals: Vec<Renewal<'_>> = group.iter().map(|(_, _, r)| *r).collect();
+            let hedge_at = Instant::now() + group[0].1.ttl;
+            let found = self.backend().renew_hedged(&renewals, hedge_at).await;
+            for ((_, info, _), res) in group.iter().zip(found) {
+                match res {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        crate::lease::declare_lost(info, LossCause::Expired);
+                        return Err(info.lost_error());
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Runs `fut` holding all of `keys` ([`acquire_all`](Self::acquire_all)), then releases
