@@ -28,19 +28,12 @@ use std::time::{Duration, Instant};
 
 use kinds_worker::MULTI_KEYS;
 use lockrt::testing::{Direction, FaultProxy, RedisServer};
-use support::history::{self, KeyPart, Rng, Section, Stall, Stalls, Worker, mono_ns};
+use support::history::{self, KeyPart, Rng, Section, Stall, Stalls, Worker, mono_ns, seeds};
 use support::kinds::oracle::Oracle;
 use support::kinds::{self, Kind, Told};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
-    match std::env::var("LOCKRT_CHAOS_SEED") {
-        Ok(s) => vec![s.trim().parse().expect("LOCKRT_CHAOS_SEED is a number")],
-        Err(_) => default.into_iter().collect(),
-    }
 }
 
 /// A short run for every `cargo test`: one seed, 2 workers, 4 s.

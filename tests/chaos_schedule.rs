@@ -19,20 +19,12 @@ use std::time::{Duration, Instant};
 
 use lockrt::testing::{Direction, FaultProxy, RedisServer};
 use lockrt::{LockOptions, Locker};
-use support::history::{self, Log, Oracle, Rng, Section, Stall, Stalls, Worker};
+use support::history::{self, Log, Oracle, Rng, Section, Stall, Stalls, Worker, seeds};
 
 const KEY: &str = "chaos";
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-/// Seeds to run: the one in `LOCKRT_CHAOS_SEED` if set, else `default`.
-fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
-    match std::env::var("LOCKRT_CHAOS_SEED") {
-        Ok(s) => vec![s.trim().parse().expect("LOCKRT_CHAOS_SEED is a number")],
-        Err(_) => default.into_iter().collect(),
-    }
 }
 
 /// A short run of the schedule for every `cargo test`: 3 fixed seeds, 2 workers, 3 s each.

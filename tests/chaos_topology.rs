@@ -39,20 +39,12 @@ use std::time::{Duration, Instant};
 
 use lockrt::testing::{FaultProxy, RedisSentinelGroup, RedisServer};
 use lockrt::{LockError, LockOptions, Locker};
-use support::history::{self, Log, Oracle, Rng, Section, Worker};
+use support::history::{self, Log, Oracle, Rng, Section, Worker, seeds};
 
 const SERVICE: &str = "locks";
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-/// Seeds to run: the one in `LOCKRT_CHAOS_SEED` if set, else `default`.
-fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
-    match std::env::var("LOCKRT_CHAOS_SEED") {
-        Ok(s) => vec![s.trim().parse().expect("LOCKRT_CHAOS_SEED is a number")],
-        Err(_) => default.into_iter().collect(),
-    }
 }
 
 fn figure(case: &str, text: impl std::fmt::Display) {

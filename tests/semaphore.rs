@@ -3,11 +3,13 @@
 //! its lease ends, clear errors for a key used as another kind or with another n; on Redis,
 //! on a Cluster and in memory.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lockrt::testing::{RedisCluster, RedisSentinelGroup, RedisServer};
+use lockrt::testing::RedisServer;
 use lockrt::{LockError, LockKind, LockOptions, Locker};
 use tokio::time::Instant;
 
@@ -267,42 +269,4 @@ async fn all(a: Locker, b: Locker) {
     never_more_than_n(a, b, "export:3").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_redis() {
-    let redis = RedisServer::start().expect("redis-server");
-    let connect = async || Locker::builder().url(redis.url()).build().await.unwrap();
-    all(connect().await, connect().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster() {
-    let cluster = RedisCluster::start(3, 0).expect("cluster");
-    let connect = async || {
-        Locker::builder()
-            .cluster(cluster.seed_urls())
-            .build()
-            .await
-            .unwrap()
-    };
-    all(connect().await, connect().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_memory() {
-    let locker = Locker::in_memory();
-    let peer = || locker.in_memory_peer().unwrap();
-    all(peer(), peer()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_sentinel() {
-    let group = RedisSentinelGroup::start("lockrt", 1).expect("master, replica and sentinel");
-    let connect = async || {
-        Locker::builder()
-            .sentinel(group.sentinel_urls(), "lockrt")
-            .build()
-            .await
-            .unwrap()
-    };
-    all(connect().await, connect().await).await;
-}
+on_every_topology!(all);

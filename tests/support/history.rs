@@ -36,6 +36,14 @@ use std::time::Duration;
 pub use super::kinds::Kind;
 pub use super::kinds::multi::KeyPart;
 
+/// Seeds to run: the one in `LOCKRT_CHAOS_SEED` if set (to replay a failure), else `default`.
+pub fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    match std::env::var("LOCKRT_CHAOS_SEED") {
+        Ok(s) => vec![s.trim().parse().expect("LOCKRT_CHAOS_SEED is a number")],
+        Err(_) => default.into_iter().collect(),
+    }
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds: comparable between processes on one machine.
 pub fn mono_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);

@@ -273,3 +273,49 @@ pub fn example_binary(name: &str) -> PathBuf {
     );
     path
 }
+
+/// Four tests, `on_redis`, `on_a_cluster` (3 masters), `on_sentinel` and `in_memory`, each
+/// running `$scenario(a, b)` with two lockers of that topology: two owners, as two processes
+/// would be.
+#[macro_export]
+macro_rules! on_every_topology {
+    ($scenario:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn on_redis() {
+            let redis = lockrt::testing::RedisServer::start().expect("redis-server");
+            let connect = async || {
+                let builder = lockrt::Locker::builder().url(redis.url());
+                builder.build().await.unwrap()
+            };
+            $scenario(connect().await, connect().await).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn on_a_cluster() {
+            let cluster = lockrt::testing::RedisCluster::start(3, 0).expect("cluster");
+            let connect = async || {
+                let builder = lockrt::Locker::builder().cluster(cluster.seed_urls());
+                builder.build().await.unwrap()
+            };
+            $scenario(connect().await, connect().await).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn on_sentinel() {
+            let group = lockrt::testing::RedisSentinelGroup::start("lockrt", 1)
+                .expect("master, replica and sentinel");
+            let connect = async || {
+                let builder = lockrt::Locker::builder().sentinel(group.sentinel_urls(), "lockrt");
+                builder.build().await.unwrap()
+            };
+            $scenario(connect().await, connect().await).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn in_memory() {
+            let locker = lockrt::Locker::in_memory();
+            let peer = || locker.in_memory_peer().unwrap();
+            $scenario(peer(), peer()).await;
+        }
+    };
+}

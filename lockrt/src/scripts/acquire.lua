@@ -41,14 +41,8 @@ if redis.call('EXISTS', KEYS[8]) == 1 then
   return {rid, 0, -4, counter()}
 end
 
-local found = conflicting('x')
-if found == '?' then
-  enqueue()
-  return {rid, 0, -5, counter()}
-end
-if found then
-  return {rid, 0, -6, counter(), found}
-end
+local refusal = refused('x')
+if refusal then return refusal end
 if redis.call('EXISTS', KEYS[6]) == 1 and live_shared() > 0 then
   enqueue()
   return {rid, 0, shared_pttl(), counter()}

@@ -183,6 +183,19 @@ local function conflicting(want)
   return nil
 end
 
+-- The reply refusing a caller of kind `want` (see `conflicting`): {rid, 0, -6, counter, kind}
+-- when the key is in use as another kind, {rid, 0, -5, counter} (queued, ask again) when that
+-- is not known yet; nil when the caller may go on.
+local function refused(want)
+  local found = conflicting(want)
+  if found == '?' then
+    enqueue()
+    return {rid, 0, -5, counter()}
+  end
+  if found then return {rid, 0, -6, counter(), found} end
+  return nil
+end
+
 -- Hands the free lock (or `room` free permits of semaphore `sem`, 's<n>') to the head of the
 -- queue, skipping `skip` (the releasing token) and dropping lapsed registrations (at most 64
 -- entries looked at): a writer at the head takes the lock alone; a run of readers at the head

@@ -17,14 +17,8 @@ local sem = string.sub(want, 1, 1) == 's'
 if redis.call('EXISTS', KEYS[8]) == 1 then
   return {rid, 0, -4, counter()}
 end
-local found = conflicting(want)
-if found == '?' then
-  enqueue()
-  return {rid, 0, -5, counter()}
-end
-if found then
-  return {rid, 0, -6, counter(), found}
-end
+local refusal = refused(want)
+if refusal then return refusal end
 
 -- Ours already: a retry whose first reply was lost, or a grant being confirmed.
 local expiry = redis.call('ZSCORE', KEYS[6], token)
