@@ -135,6 +135,10 @@ async fn all_or_none_loss_and_reentrancy(locker: Locker, other: Locker, a: &str,
         .unwrap();
     assert_eq!(inner.as_deref(), Some(b));
 
+    // Multi-key locks are exclusive, as the attribute says at compile time.
+    let read = locker.acquire_all([a, b], opts.read()).await;
+    assert!(matches!(read, Err(LockError::Config(_))), "{read:?}");
+
     // No keys, or one key twice.
     assert!(matches!(
         locker.acquire_all(Vec::<String>::new(), opts).await,

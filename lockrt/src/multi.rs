@@ -24,7 +24,7 @@ use crate::error::{LockError, LossCause};
 use crate::guard::{HeldLock, LockGuard};
 use crate::lease::LeaseInfo;
 use crate::locker::Locker;
-use crate::options::{LockOptions, OnLost, Wait};
+use crate::options::{LockKind, LockOptions, OnLost, Wait};
 
 /// All the locks of one [`Locker::acquire_all`]. Dropping it releases them all in the
 /// background; [`release`](Self::release) does it in the foreground.
@@ -161,6 +161,13 @@ impl Locker {
 
     /// Takes `keys` (canonical) in order with one deadline; on failure releases what it took.
     async fn take_all(&self, keys: &[String], opts: LockOptions) -> Result<MultiGuard, LockError> {
+        if opts.kind != LockKind::Exclusive {
+            // As the attribute refuses `mode` or `permits` with `keys`.
+            return Err(LockError::Config(format!(
+                "multi-key locks are exclusive: {} was asked for keys {keys:?}",
+                opts.kind
+            )));
+        }
         // One call when all are free and share a slot; else one by one, waiting as needed.
         if let Some(guards) = crate::acquire::take_at_once(self, keys, opts).await {
             return Ok(MultiGuard { guards });
