@@ -178,13 +178,16 @@ async fn all(a: Locker, b: Locker) {
     forced_unlock(a, b, "cat:4").await;
 }
 
-/// Readers come and go so that one always holds; a writer that queues must get in after the
-/// readers holding when it queued (one generation), never behind readers that came after it:
-/// no reader's fence lies between the fence seen when the writer was queued and the writer's.
-async fn writers_never_starve(a: Locker, b: Locker) {
-    const KEY: &str = "cat:stream";
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let fences = Arc::new(std::sync::Mutex::new(Vec::new()));
+const KEY: &str = "cat:stream";
+
+/// Six readers over two lockers, each holding 40 ms and coming back at once, staggered so
+/// that one always holds, until `stop`; each one's fence goes to `fences`.
+fn stream_of_readers(
+    a: &Locker,
+    b: &Locker,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+    fences: &Arc<std::sync::Mutex<Vec<u64>>>,
+) -> tokio::task::JoinSet<()> {
     let mut readers = tokio::task::JoinSet::new();
     for i in 0..6u64 {
         let locker = if i % 2 == 0 { a.clone() } else { b.clone() };
@@ -199,6 +202,16 @@ async fn writers_never_starve(a: Locker, b: Locker) {
             }
         });
     }
+    readers
+}
+
+/// Readers come and go so that one always holds; a writer that queues must get in after the
+/// readers holding when it queued (one generation), never behind readers that came after it:
+/// no reader's fence lies between the fence seen when the writer was queued and the writer's.
+async fn writers_never_starve(a: Locker, b: Locker) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fences = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut readers = stream_of_readers(&a, &b, &stop, &fences);
     let (mut checked, longest) = (0, AtomicU64::new(0));
     for _ in 0..10 {
         tokio::time::sleep(ms(100)).await;

@@ -28,7 +28,6 @@
 mod at_once;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
@@ -46,7 +45,7 @@ use crate::lease::{Chain, LeaseInfo, NewLease};
 use crate::locker::Locker;
 use crate::options::{LockKind, LockOptions, Terms, Wait};
 use crate::retry::Backoff;
-use crate::wait::{EntryHandle, Listener, Owner, granted_at};
+use crate::wait::{Counted, EntryHandle, Listener, Owner, granted_at, within};
 
 pub(crate) use self::at_once::take_at_once;
 
@@ -347,20 +346,8 @@ impl<'a> Acquisition<'a> {
                 .await;
             match res {
                 Ok(Attempt::Acquired { fence }) => {
-                    let taken = Taken {
-                        fence,
-                        sent,
-                        lease: self.ttl,
-                        local: 0,
-                    };
-                    if self.fresh(&taken) {
+                    if let Some(taken) = self.in_time(fence, sent, &mut late)? {
                         return Ok(Some(taken));
-                    }
-                    // Ours, but the reply came too late to use: the next attempt (same
-                    // token) extends it with a fresh send time, or tells us it is gone.
-                    late += 1;
-                    if late >= MAX_LATE || self.retry_end.is_some_and(|e| Instant::now() >= e) {
-                        return Err(self.too_late());
                     }
                 }
                 // Free, with lapsed registrations still ahead of the queue's head: drop the next
@@ -389,6 +376,31 @@ impl<'a> Acquisition<'a> {
                 Err(e) => return Err(self.failed(e)),
             }
         }
+    }
+
+    /// The lock an attempt sent at `sent` took, if its reply came in time to use it. Ours
+    /// but too late: `None`, and the next attempt (same token) extends it with a fresh send
+    /// time or tells us it is gone; after [`MAX_LATE`] in a row, or past the wait, the error.
+    fn in_time(
+        &self,
+        fence: u64,
+        sent: Instant,
+        late: &mut u32,
+    ) -> Result<Option<Taken>, LockError> {
+        let taken = Taken {
+            fence,
+            sent,
+            lease: self.ttl,
+            local: 0,
+        };
+        if self.fresh(&taken) {
+            return Ok(Some(taken));
+        }
+        *late += 1;
+        if *late >= MAX_LATE || self.retry_end.is_some_and(|e| Instant::now() >= e) {
+            return Err(self.too_late());
+        }
+        Ok(None)
     }
 
     /// Retries of one attempt: a few, and none starting after the wait.
@@ -571,31 +583,5 @@ impl<'a> Acquisition<'a> {
             ),
         )
         .into()
-    }
-}
-
-/// `fut`'s output, or `None` if `deadline` passes first (`None` deadline: no limit).
-async fn within<F: Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
-    match deadline {
-        Some(d) => tokio::time::timeout_at(d, fut).await.ok(),
-        None => Some(fut.await),
-    }
-}
-
-/// Counts a caller in a gauge for as long as it lives.
-struct Counted<'a>(&'a AtomicUsize);
-
-impl<'a> Counted<'a> {
-    fn new(gauge: &'a AtomicUsize) -> Self {
-        gauge.fetch_add(1, Ordering::Relaxed);
-        crate::metrics::waiting(1.0);
-        Counted(gauge)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-        crate::metrics::waiting(-1.0);
     }
 }

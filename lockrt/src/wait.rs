@@ -389,6 +389,32 @@ pub(crate) fn granted_at(attempt: Instant, grant: &Grant) -> Instant {
     attempt + grant.after_attempt.map_or(Duration::ZERO, |d| d.min(most))
 }
 
+/// `fut`'s output, or `None` if `deadline` passes first (`None` deadline: no limit).
+pub(crate) async fn within<F: Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, fut).await.ok(),
+        None => Some(fut.await),
+    }
+}
+
+/// Counts a caller in a gauge for as long as it lives.
+pub(crate) struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    pub(crate) fn new(gauge: &'a AtomicUsize) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::waiting(1.0);
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+        crate::metrics::waiting(-1.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -172,25 +172,7 @@ impl RedisBackend {
             let _ = self.release_as(key, Some(token), Mode::Rollback).await;
             return Err(e);
         }
-        if let Some(found) = conflict(&reply.values) {
-            return Ok(Attempt::Conflict { found });
-        }
-        let reply = ints(&reply.values);
-        let n = reply.get(1).copied().unwrap_or(0);
-        Ok(if reply.first() == Some(&1) {
-            Attempt::Acquired {
-                fence: u64::try_from(n).unwrap_or(0),
-            }
-        } else if n == -5 {
-            Attempt::Pruning
-        } else {
-            // -1: a key without expiry (not ours); -3: free but promised to an earlier waiter;
-            // -4: this token's acquisition was abandoned.
-            Attempt::Held {
-                pttl: u64::try_from(n).ok().map(Duration::from_millis),
-                counter: reply.get(2).and_then(|&c| u64::try_from(c).ok()),
-            }
-        })
+        Ok(attempt_of(&reply.values))
     }
 
     /// Takes every lock of `locks` (all of one [`renewal_group`](Self::renewal_group)) in one
@@ -544,6 +526,29 @@ impl RedisBackend {
             kind,
             shared,
         }))
+    }
+}
+
+/// What an acquire script's reply says (see acquire.lua).
+fn attempt_of(values: &[Value]) -> Attempt {
+    if let Some(found) = conflict(values) {
+        return Attempt::Conflict { found };
+    }
+    let reply = ints(values);
+    let n = reply.get(1).copied().unwrap_or(0);
+    if reply.first() == Some(&1) {
+        Attempt::Acquired {
+            fence: u64::try_from(n).unwrap_or(0),
+        }
+    } else if n == -5 {
+        Attempt::Pruning
+    } else {
+        // -1: a key without expiry (not ours); -3: free but promised to an earlier waiter;
+        // -4: this token's acquisition was abandoned.
+        Attempt::Held {
+            pttl: u64::try_from(n).ok().map(Duration::from_millis),
+            counter: reply.get(2).and_then(|&c| u64::try_from(c).ok()),
+        }
     }
 }
 
