@@ -692,19 +692,7 @@ fn private_exe(dir: &Path) -> PathBuf {
 }
 
 fn parse_section(line: &str) -> Option<Section> {
-    // `Section::from_line` is private to the checker: the fields it writes, in order.
-    let f: Vec<&str> = line.split_whitespace().collect();
-    if f.len() != 11 || f[0] != "S" {
-        return None;
-    }
-    let n = |i: usize| f[i].parse::<u64>().ok();
-    Some(Section {
-        pid: f[1].parse().ok()?,
-        fence: n(2)?,
-        acquired: n(3)?,
-        completed: f[10] == "1",
-        ..Section::default()
-    })
+    Section::from_line(line)
 }
 
 /// What the locker reported for one section.

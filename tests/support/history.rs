@@ -214,7 +214,8 @@ impl Section {
         )
     }
 
-    fn from_line(line: &str) -> Option<Section> {
+    /// A record as `Display` writes it; `None` for a partial or foreign line.
+    pub fn from_line(line: &str) -> Option<Section> {
         let f: Vec<&str> = line.split_whitespace().collect();
         // 11 fields: a record from before the kinds (an exclusive section).
         if !(f.len() == 11 || f.len() == 14 || f.len() == 15) || f[0] != "S" {
