@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::contract::{Released, Renewal};
+use crate::backend::contract::Released;
 use crate::error::BackendError;
 use crate::lease::{Baton, ChainCheck, LeaseInfo, release_backoff};
 use crate::locker::Locker;
@@ -82,13 +82,7 @@ pub(crate) async fn confirm(
         local: info.local + 1,
         by: Instant::now() + CLAIM_WITHIN,
     };
-    let renewal = Renewal {
-        shared: false,
-        lock: info.key.lock(),
-        token: &info.token,
-        lease: info.ttl,
-        passed_to: Some(info.local + 1),
-    };
+    let renewal = info.renewal(info.ttl, Some(info.local + 1));
     let check_owner = async {
         // Retried like a release whose outcome is unknown (a reset, a restarted server).
         let mut backoff = release_backoff();

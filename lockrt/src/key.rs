@@ -129,18 +129,6 @@ impl LockKey {
     }
 }
 
-/// `{lock}:s` and `{lock}:si`, the shared holders of lock key `lock` and their records (for a
-/// renewal batch, which has only the lock's name): [`LockKey::shared`], [`LockKey::shared_info`].
-pub(crate) fn shared_of_lock(lock: &str) -> (String, String) {
-    (format!("{{{lock}}}:s"), format!("{{{lock}}}:si"))
-}
-
-/// `{lock}:owner`, the owner record beside lock key `lock` (for callers that have only the
-/// lock's name, such as a renewal batch): [`LockKey::owner`].
-pub(crate) fn owner_of_lock(lock: &str) -> String {
-    format!("{{{lock}}}:owner")
-}
-
 /// The suffix of a lock's release channel after its tag.
 const CHANNEL_SUFFIX: &str = ":rel";
 
@@ -342,10 +330,10 @@ mod tests {
         }
         assert_eq!(LockKey::from_lock_name("app:lock:", "other:x"), None);
         let k = LockKey::new("lock:", "a{b}").unwrap();
-        assert_eq!(k.owner().to_string(), owner_of_lock(k.lock()));
+        assert_eq!(k.owner().to_string(), "{lock:a%7Bb%7D}:owner");
         assert_eq!(k.done("t0"), "{lock:a%7Bb%7D}:done:t0");
         let k = LockKey::new("lock:", "job").unwrap();
-        assert_eq!(owner_of_lock(k.lock()), "{lock:job}:owner");
+        assert_eq!(k.owner().to_string(), "{lock:job}:owner");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
-use crate::backend::contract::{Released, Token, holder_fence};
+use crate::backend::contract::{Released, Renewal, Token, holder_fence};
 use crate::error::{BackendError, LockError, LossCause};
 use crate::key::LockKey;
 use crate::retry::Backoff;
@@ -251,6 +251,17 @@ impl LeaseInfo {
             local: n.local,
             renewed: Mutex::new((n.sent, n.lease)),
             chain: n.chain.map_or_else(OnceLock::new, OnceLock::from),
+        }
+    }
+
+    /// A renewal of this lease to `lease`; `passed_to`: the check of a local hand-off to that
+    /// place in the run.
+    pub(crate) fn renewal(&self, lease: Duration, passed_to: Option<u32>) -> Renewal<'_> {
+        Renewal {
+            key: &self.key,
+            token: &self.token,
+            lease,
+            passed_to,
         }
     }
 

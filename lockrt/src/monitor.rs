@@ -317,16 +317,7 @@ async fn renew(
     done: mpsc::UnboundedSender<Outcome>,
 ) {
     let ids = batch.iter().map(|l| l.id).collect();
-    let renewals: Vec<Renewal<'_>> = batch
-        .iter()
-        .map(|l| Renewal {
-            shared: l.key.kind.is_shared(),
-            lock: l.key.lock(),
-            token: &l.token,
-            lease: l.ttl,
-            passed_to: None,
-        })
-        .collect();
+    let renewals: Vec<Renewal<'_>> = batch.iter().map(|l| l.renewal(l.ttl, None)).collect();
     let sent = Instant::now();
     let hedge_at = hedge_time(sent, batch.iter().map(|l| l.deadline()));
     let res = backend.renew_hedged(&renewals, hedge_at).await;

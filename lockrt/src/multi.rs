@@ -221,14 +221,11 @@ impl Locker {
                     true => info.ttl,
                     false => info.deadline().saturating_duration_since(now) + info.safety,
                 };
-                let renewal = Renewal {
-                    lock: info.key.lock(),
-                    token: &info.token,
-                    lease,
-                    passed_to: None,
-                    shared: info.key.kind.is_shared(),
-                };
-                (self.backend().renewal_group(&info.key), info, renewal)
+                (
+                    self.backend().renewal_group(&info.key),
+                    info,
+                    info.renewal(lease, None),
+                )
             })
             .collect();
         batch.sort_by_key(|(group, _, _)| *group);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::BackendError;
+use crate::key::LockKey;
 use crate::options::LockKind;
 use crate::owner::Holder;
 
@@ -107,18 +108,17 @@ pub(crate) enum Released {
 /// token, `Err` not known (retry within the deadline).
 pub(crate) type Renewed = Result<bool, BackendError>;
 
-/// What renewing one lease needs: the lock's Redis key, its owner token, the new lease.
+/// What renewing one lease needs: the lock's key (its kind says whether the lease is the lock
+/// itself or a read share or permit among its shared holders), its owner token, the new lease.
 /// Borrowed from the lease table's entries for the duration of one batch.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Renewal<'a> {
-    pub(crate) lock: &'a str,
+    pub(crate) key: &'a LockKey,
     pub(crate) token: &'a Token,
     pub(crate) lease: Duration,
     /// A local hand-off's check: the lease was passed on in the process to the holder with
     /// this place in the run (see `owner::Holder::handoff`), which the owner record then names.
     pub(crate) passed_to: Option<u32>,
-    /// A read share or a permit (renewed among the key's shared holders), not the lock itself.
-    pub(crate) shared: bool,
 }
 
 /// A lock handed over by a release, as announced on the channel.

@@ -286,10 +286,11 @@ impl MemoryBackend {
         batch
             .iter()
             .map(|r| {
-                if r.shared {
-                    return st.renew_share(r.lock, r.token, now + r.lease, now);
+                let lock = r.key.lock();
+                if r.key.kind.is_shared() {
+                    return st.renew_share(lock, r.token, now + r.lease, now);
                 }
-                match st.locks.get_mut(r.lock) {
+                match st.locks.get_mut(lock) {
                     Some(h) if h.expires > now && h.token == *r.token => {
                         h.expires = now + r.lease;
                         if let Some(place) = r.passed_to {
@@ -514,11 +515,10 @@ mod tests {
             }
         );
         let renewal = |t| Renewal {
-            lock: key.lock(),
+            key: &key,
             token: t,
             lease: ttl,
             passed_to: None,
-            shared: false,
         };
         assert_eq!(m.renew(&[renewal(&b), renewal(&a)]), vec![false, true]);
         tokio::time::advance(ttl).await;

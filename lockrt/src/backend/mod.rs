@@ -104,8 +104,7 @@ impl Backend {
             Backend::Memory(b) => Ok(match keep {
                 Some(keep) => {
                     let renewal = Renewal {
-                        shared: key.kind.is_shared(),
-                        lock: key.lock(),
+                        key,
                         token,
                         lease: keep,
                         passed_to: None,

@@ -60,11 +60,24 @@ end
 -- lease expiry (server ms); a holder is live while its expiry is in the future. KEYS[7]: hash,
 -- field 'kind' ('r' readers, 's<n>' a semaphore of n permits) and per holder
 -- token -> "<fence>|<acquired-at ms>|<owner>". Both live at least as long as every lease in
--- them (`keep_shared` only ever extends them) and go when the last holder goes.
-local function keep_shared(lease)
-  for _, k in ipairs({KEYS[6], KEYS[7]}) do
+-- them (`keep_shared` only ever extends them) and go when the last holder goes. `S`, `SI`:
+-- those two keys (KEYS[6], KEYS[7] unless given, see renew.lua).
+local function keep_shared(lease, S, SI)
+  for _, k in ipairs({S or KEYS[6], SI or KEYS[7]}) do
     if redis.call('PTTL', k) < tonumber(lease) then redis.call('PEXPIRE', k, lease) end
   end
+end
+
+-- Extends holder `t`'s share to `lease` ms from now if it is still live (its expiry in the
+-- future): whether it was. `S`, `SI` as in `keep_shared`. Read with pcall: a key someone
+-- overwrote with another type is "not held" for this share only.
+local function extend_share(t, lease, S, SI)
+  S = S or KEYS[6]
+  local expiry = redis.pcall('ZSCORE', S, t)
+  if type(expiry) ~= 'string' or tonumber(expiry) <= now_ms() then return false end
+  redis.call('ZADD', S, 'XX', string.format('%.0f', now_ms() + tonumber(lease)), t)
+  keep_shared(lease, S, SI)
+  return true
 end
 
 -- Drops holders whose lease ran out (at most 64 per call: more counts as held, never as free)

@@ -1,4 +1,4 @@
--- (lock.lua comes first: `rid`, `now_ms`, `owns`.)
+-- (lock.lua comes first: `rid`, `owns`, `extend_share`.)
 -- Renews a batch of leases in one round trip. For lease i (1..n): KEYS[i] is the lock,
 -- KEYS[n + i] its owner key, ARGV[1 + i] the owner token, ARGV[1 + n + i] the new lease in ms.
 -- Only the owner may extend. A shared lease (a read share or a permit) is sent as 's<token>',
@@ -15,13 +15,7 @@ local passed = n == 1 and ARGV[4]
 
 -- Shared lease i of token `t`.
 local function renew_shared(i, t, lease)
-  local expiry = redis.pcall('ZSCORE', KEYS[i], t)
-  if type(expiry) ~= 'string' or tonumber(expiry) <= now_ms() then return 0 end
-  redis.call('ZADD', KEYS[i], 'XX', string.format('%.0f', now_ms() + tonumber(lease)), t)
-  for _, k in ipairs({KEYS[i], KEYS[n + i]}) do
-    if redis.call('PTTL', k) < tonumber(lease) then redis.call('PEXPIRE', k, lease) end
-  end
-  return 1
+  return extend_share(t, lease, KEYS[i], KEYS[n + i]) and 1 or 0
 end
 
 -- Exclusive lease i of token `t`.

@@ -21,10 +21,7 @@ local refusal = refused(want)
 if refusal then return refusal end
 
 -- Ours already: a retry whose first reply was lost, or a grant being confirmed.
-local expiry = redis.call('ZSCORE', KEYS[6], token)
-if expiry and tonumber(expiry) > now_ms() then
-  redis.call('ZADD', KEYS[6], 'XX', string.format('%.0f', now_ms() + tonumber(ARGV[3])), token)
-  keep_shared(ARGV[3])
+if extend_share(token, ARGV[3]) then
   local rec = redis.call('HGET', KEYS[7], token) or ''
   return {rid, 1, tonumber(string.match(rec, '^(%d+)')) or 0}
 end

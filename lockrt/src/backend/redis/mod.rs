@@ -39,7 +39,7 @@ use crate::backend::contract::{
     millis, parse_kind,
 };
 use crate::error::BackendError;
-use crate::key::{LockKey, owner_of_lock, shared_of_lock, slot_of};
+use crate::key::{LockKey, slot_of};
 use crate::owner::Holder;
 
 /// Parses the topology into a [`Connector`]; an invalid URL or setting is a permanent error
@@ -315,22 +315,23 @@ impl RedisBackend {
         let call = Call {
             nkeys: 2 * batch.len(),
             keys: |c: &mut Cmd| {
+                // A share's "lock" is the key's shared holders, its "owner key" their records.
                 for r in batch {
-                    match r.shared {
-                        true => c.arg(shared_of_lock(r.lock).0),
-                        false => c.arg(r.lock),
+                    match r.key.kind.is_shared() {
+                        true => c.arg(r.key.shared()),
+                        false => c.arg(r.key.lock()),
                     };
                 }
                 for r in batch {
-                    match r.shared {
-                        true => c.arg(shared_of_lock(r.lock).1),
-                        false => c.arg(owner_of_lock(r.lock)),
+                    match r.key.kind.is_shared() {
+                        true => c.arg(r.key.shared_info()),
+                        false => c.arg(r.key.owner()),
                     };
                 }
             },
             args: |c: &mut Cmd| {
                 for r in batch {
-                    match r.shared {
+                    match r.key.kind.is_shared() {
                         true => c.arg(format!("s{}", r.token.as_str())),
                         false => c.arg(r.token.as_str()),
                     };
