@@ -25,6 +25,9 @@ struct Held {
     expires: Instant,
     /// The holder's identity as the Redis owner key holds it: `<acquired-at ms>|<owner>`.
     owner: Box<str>,
+    /// Released but kept taken until `expires` (`min_hold`): no request of the token changes
+    /// it any more, as release.lua's `kept_by` rules.
+    kept: bool,
 }
 
 #[derive(Default)]
@@ -105,7 +108,7 @@ impl State {
             return Some(share.fence);
         }
         let held = self.locks.get_mut(lock).filter(|h| h.expires > now)?;
-        (held.token == *token).then(|| {
+        (held.token == *token && !held.kept).then(|| {
             held.expires = now + ttl;
             held.fence
         })
@@ -274,6 +277,7 @@ impl MemoryBackend {
                 fence,
                 expires,
                 owner,
+                kept: false,
             };
             st.locks.insert(lock.to_owned(), held);
         }
@@ -291,7 +295,7 @@ impl MemoryBackend {
                     return st.renew_share(lock, r.token, now + r.lease, now);
                 }
                 match st.locks.get_mut(lock) {
-                    Some(h) if h.expires > now && h.token == *r.token => {
+                    Some(h) if h.expires > now && h.token == *r.token && !h.kept => {
                         h.expires = now + r.lease;
                         if let Some(place) = r.passed_to {
                             h.owner = owner::record_passed(wall_ms(), &self.owner, place).into();
@@ -302,6 +306,21 @@ impl MemoryBackend {
                 }
             })
             .collect()
+    }
+
+    /// `min_hold`: `token`'s live lock stays taken for `lease` more, owned by nobody (see
+    /// `Held::kept`). Whether `token` held it.
+    pub(crate) fn keep(&self, key: &LockKey, token: &Token, lease: Duration) -> bool {
+        let now = Instant::now();
+        let mut st = self.state();
+        match st.locks.get_mut(key.lock()) {
+            Some(h) if h.expires > now && h.token == *token && !h.kept => {
+                h.expires = now + lease;
+                h.kept = true;
+                true
+            }
+            _ => false,
+        }
     }
 
     pub(crate) fn release(&self, key: &LockKey, token: &Token) -> bool {

@@ -102,19 +102,8 @@ impl Backend {
         match self {
             Backend::Redis(b) => b.release(key, token, keep).await,
             Backend::Memory(b) => Ok(match keep {
-                Some(keep) => {
-                    let renewal = Renewal {
-                        key,
-                        token,
-                        lease: keep,
-                        passed_to: None,
-                    };
-                    if b.renew(&[renewal]).first() == Some(&true) {
-                        Released::Freed
-                    } else {
-                        Released::NotOwner
-                    }
-                }
+                Some(keep) if b.keep(key, token, keep) => Released::Freed,
+                Some(_) => Released::NotOwner,
                 None if b.release(key, token) => Released::Freed,
                 None => Released::NotOwner,
             }),

@@ -19,6 +19,13 @@ local function owns(cur, token)
   return type(cur) == 'string' and string.sub(cur, 1, 32) == token
 end
 
+-- The token a lock kept past its release (`min_hold`) is held by: `token` with its first hex
+-- digit replaced by 'k', which no token has. Nothing of the token's owns the lock any more, so
+-- no request of it changes the lock after its release; a forced unlock still finds it held.
+local function kept_by(token)
+  return 'k' .. string.sub(token, 2, 32)
+end
+
 -- A holder's identity as the client sent it ("<service>|<host>|<pid>|<instance id>"), cut to
 -- 256 bytes so the owner key's size is bounded whatever a client sends; '?' when unknown.
 local function owner_text(owner)

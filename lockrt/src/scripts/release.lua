@@ -22,7 +22,7 @@
 -- ARGV[6] = 'k<ms>': `min_hold`; the holder keeps the lock (and its owner key) for <ms> more
 -- instead of releasing it now, and leaves the same proof (kept at least that long), so a
 -- retry whose first try's reply was lost is a success, not a loss. No hand-over: nobody may
--- take the lock before then.
+-- take the lock before then, and no later request of the token changes it (see `kept_by`).
 -- Never deletes another owner's lock. Returns {rid, n}: n = 0 if ARGV[2] did not hold the
 -- lock, 1 if it was released, 2 if it was released and handed to a waiter, 3 if this token's
 -- release had already happened (the marker of KEYS[8]).
@@ -34,7 +34,10 @@ if not owns(cur, token) then
 end
 local keep = tonumber(string.match(ARGV[6] or '', '^k(%d+)$'))
 if keep then
-  redis.call('PEXPIRE', KEYS[1], keep)
+  -- The kept lock is no longer this token's: its value's token becomes `kept_by`, so a renewal
+  -- (or hand-off check) of the token that lands after this release, on another connection,
+  -- finds it not its own and changes nothing. A retry of this release finds the proof.
+  redis.call('SET', KEYS[1], kept_by(token) .. string.sub(cur, 33), 'PX', keep)
   redis.pcall('PEXPIRE', KEYS[5], keep)
   if KEYS[8] then
     redis.call('SET', KEYS[8], '1', 'PX', string.format('%.0f', math.max(keep, tonumber(ARGV[5]))))

@@ -45,6 +45,7 @@ const SHUTDOWN: Duration = Duration::from_secs(5);
 /// | [`delay`](Self::delay) | every frame arrives `d` later (order kept) | frames read from now on, existing and new connections |
 /// | [`drop_replies`](Self::drop_replies) | the next `n` replies vanish; the connection stays up, so later replies pair with the wrong requests | the next `n` replies, any connection |
 /// | [`refuse_new`](Self::refuse_new) | new connections are reset right after the accept | new connections, until turned off or `pass` |
+/// | [`hold_requests`](Self::hold_requests) / [`deliver_held`](Self::deliver_held) | requests on open command connections wait in the proxy, then reach the server late, after what went on newer connections (requests reordered across connections) | command connections open at the call |
 /// | [`hold_subscriptions`](Self::hold_subscriptions) | a `SUBSCRIBE` (and what follows it on its connection) arrives only when the hold ends (a subscription that lands late) | every connection, until turned off or `pass` |
 ///
 /// Frames that arrive during a blackhole or on a stalled connection are discarded, as a
@@ -215,6 +216,48 @@ impl FaultProxy {
             n += 1;
         }
         n
+    }
+
+    /// Requests held up in the network: on every command connection (not pub/sub) open now,
+    /// requests read from here on wait in the proxy, in order, instead of reaching the server,
+    /// until [`deliver_held`](Self::deliver_held); nothing is discarded, also when the client
+    /// closes the connection meanwhile. Connections opened later work normally, so a client
+    /// that gives up on a held connection and sends on a new one has its later requests land
+    /// before the held ones. Returns how many connections hold.
+    ///
+    /// ```no_run
+    /// # async fn demo(proxy: &lockrt::testing::FaultProxy) {
+    /// use std::time::Duration;
+    /// proxy.hold_requests();
+    /// // ... a request is sent on a held connection:
+    /// proxy
+    ///     .wait_until(Duration::from_secs(2), |c| c.requests_held >= 1)
+    ///     .await
+    ///     .expect("a request is held");
+    /// // ... later requests go out on a new connection; then the held one lands:
+    /// proxy.deliver_held();
+    /// # }
+    /// ```
+    pub fn hold_requests(&self) -> usize {
+        let conns = self.shared.conns();
+        let mut n = 0;
+        for c in conns
+            .values()
+            .filter(|c| !c.subscriber.load(Ordering::SeqCst))
+        {
+            c.held.send_replace(true);
+            n += 1;
+        }
+        n
+    }
+
+    /// Ends [`hold_requests`](Self::hold_requests): every held request goes to the server now,
+    /// in order per connection.
+    pub fn deliver_held(&self) {
+        // A connection whose client closed stays listed until its held requests are written.
+        for c in self.shared.conns().values() {
+            c.held.send_replace(false);
+        }
     }
 
     /// Resets (RST, `SO_LINGER` 0) both sides of every connection open now. New connections

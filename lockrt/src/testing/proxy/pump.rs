@@ -162,12 +162,13 @@ fn judge(dir: Direction, shared: &Shared, conn: &Conn) -> Verdict {
     }
 }
 
-/// Reads one side, cuts frames, judges each, queues the forwarded ones with their due time.
+/// Reads one side, cuts frames, judges each, queues the forwarded ones with their due time
+/// (and whether [`FaultProxy::hold_requests`](crate::testing::FaultProxy::hold_requests) holds them).
 /// Returns at EOF, on an error, or when a frame asks for a reset.
 async fn read_side(
     from: &TcpStream,
     dir: Direction,
-    out: mpsc::UnboundedSender<(Instant, Vec<u8>)>,
+    out: mpsc::UnboundedSender<(Instant, bool, Vec<u8>)>,
     shared: &Shared,
     conn: &Conn,
 ) {
@@ -206,7 +207,11 @@ async fn read_side(
             }
             match judge(dir, shared, conn) {
                 Verdict::Forward(due) => {
-                    if out.send((due, frame)).is_err() {
+                    let held = dir == Direction::ToServer && *conn.held.borrow();
+                    if held {
+                        shared.count(|c| c.requests_held += 1);
+                    }
+                    if out.send((due, held, frame)).is_err() {
                         return;
                     }
                 }
@@ -250,12 +255,16 @@ async fn hold_if_subscription(frame: &[u8], shared: &Shared) {
 async fn write_side(
     to: &TcpStream,
     dir: Direction,
-    mut queue: mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
+    mut queue: mpsc::UnboundedReceiver<(Instant, bool, Vec<u8>)>,
     shared: &Shared,
     conn: &Conn,
 ) {
-    while let Some((due, frame)) = queue.recv().await {
+    while let Some((due, held, frame)) = queue.recv().await {
         tokio::time::sleep_until(due).await;
+        if held {
+            // Ends with the proxy too: its runtime drops this task.
+            let _ = conn.held.subscribe().wait_for(|on| !*on).await;
+        }
         if shared.faults().blackhole || conn.stalled.load(Ordering::SeqCst) {
             shared.count(|c| c.discarded += 1);
             continue;

@@ -50,6 +50,8 @@ pub struct ProxyCounters {
     pub discarded: u64,
     /// Connections whose bytes were not RESP and are forwarded unmeasured from then on.
     pub unparsed: u64,
+    /// Requests held by [`FaultProxy::hold_requests`](crate::testing::FaultProxy::hold_requests) (counted when held).
+    pub requests_held: u64,
     /// Subscription requests held by [`FaultProxy::hold_subscriptions`](crate::testing::FaultProxy::hold_subscriptions) (counted when held).
     pub subscriptions_held: u64,
 }
@@ -73,6 +75,9 @@ pub(super) struct Conn {
     pub(super) stalled: AtomicBool,
     /// The client sent `SUBSCRIBE`, `PSUBSCRIBE` or `SSUBSCRIBE` on it: a pub/sub connection.
     pub(super) subscriber: AtomicBool,
+    /// [`FaultProxy::hold_requests`](crate::testing::FaultProxy::hold_requests) holds its
+    /// requests (read from then on) in the proxy.
+    pub(super) held: tokio::sync::watch::Sender<bool>,
 }
 
 #[derive(Debug)]

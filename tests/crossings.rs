@@ -1,0 +1,157 @@
+//! Regression tests for promises broken where two features meet (issue 27): each test is named
+//! for the rule it checks, tries it against real redis-server processes, and fails on the
+//! runtime before the fix. RELIABILITY.md's pair table points here.
+
+mod support;
+
+use lockrt::testing::{FaultProxy, RedisServer};
+use lockrt::{LockError, LockOptions, Locker};
+use redis::AsyncCommands;
+use support::{ms, opts};
+use tokio::time::Instant;
+
+async fn direct(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to redis-server")
+}
+
+/// Rule: no request of a token changes a lock after that token's release, kept or not. A
+/// renewal held up on one connection lands after the `min_hold` release that keeps the lock
+/// (sent on a newer connection): the lock keeps the expiry the release gave it, neither
+/// shortened to one ttl (another owner would get it before `min_hold`) nor extended past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c01_a_renewal_landing_after_a_kept_release_changes_nothing() {
+    let server = RedisServer::start().expect("start redis-server");
+    let proxy = FaultProxy::in_front_of(&server).expect("start proxy");
+    let mut direct = direct(&server).await;
+    let locker = Locker::builder()
+        .url(proxy.url())
+        .response_timeout(ms(300))
+        .build()
+        .await
+        .unwrap();
+    // Listening for revocations, and the check of the leases once listening, are done before
+    // "kept" is taken, so the first request held below is its renewal.
+    let _warm = locker
+        .acquire("warm", opts().ttl(ms(30_000)))
+        .await
+        .unwrap();
+    support::until_listening_for_revocations(&mut direct, 1).await;
+    support::settle(
+        async || support::script_calls(&mut direct).await >= 2,
+        "the locker's acquire and its check once listening",
+    )
+    .await;
+    let (ttl, min_hold) = (ms(1_200), ms(5_000));
+    let acquired = Instant::now();
+    let g = locker
+        .acquire("kept", opts().ttl(ttl).min_hold(min_hold))
+        .await
+        .unwrap();
+    assert!(proxy.hold_requests() >= 1, "a command connection is open");
+    proxy
+        .wait_until(ms(3_000), |c| c.requests_held >= 1)
+        .await
+        .expect("the first renewal is held in the network");
+    assert!(
+        acquired.elapsed() >= ttl / 4,
+        "a request held {:?} after the acquire: not the renewal",
+        acquired.elapsed()
+    );
+    // The renewal is retried on a newer connection (hedge, or the connection replaced after
+    // the response timeout) and lands there.
+    support::settle(
+        async || {
+            let pttl: i64 = direct.pttl("lock:kept").await.unwrap();
+            acquired.elapsed() > ttl / 2 && pttl > (ttl * 3 / 4).as_millis() as i64
+        },
+        "the renewal landed through another connection",
+    )
+    .await;
+    // One call through the locker's command connection, so that it is a new one when the
+    // release goes out (its reply on a held connection would time out and replace it).
+    let _ = locker.lock_info("warm").await;
+    let sent = proxy.counters().requests_held;
+    g.release().await.expect("released (kept until min_hold)");
+    assert_eq!(
+        proxy.counters().requests_held,
+        sent,
+        "the release went out on a connection opened after the hold"
+    );
+    assert!(
+        acquired.elapsed() < ms(2_000),
+        "released in time for the check"
+    );
+    let held = proxy.counters();
+    proxy.deliver_held();
+    proxy
+        .wait_until(ms(3_000), |c| {
+            c.to_server >= held.to_server + held.requests_held
+        })
+        .await
+        .expect("the held requests reached the server");
+    let pttl: i64 = direct.pttl("lock:kept").await.unwrap();
+    let left = min_hold.saturating_sub(acquired.elapsed()).as_millis() as i64;
+    assert!(
+        pttl > left - 1_000 && pttl <= min_hold.as_millis() as i64,
+        "after the late renewal the kept lock expires in {pttl} ms, {left} ms of min_hold left"
+    );
+    let gone = tokio::time::timeout(ms(8_000), async {
+        loop {
+            let exists: bool = direct.exists("lock:kept").await.unwrap();
+            if !exists {
+                return acquired.elapsed();
+            }
+            tokio::time::sleep(ms(20)).await;
+        }
+    })
+    .await
+    .expect("the kept lock ends");
+    assert!(
+        gone >= min_hold - ms(50) && gone < min_hold + ms(600),
+        "kept lock gone {gone:?} after the acquire, min_hold {min_hold:?}"
+    );
+}
+
+both! {
+    /// Rule: a section covered by an enclosing one holds at least the kind it asked for. A
+    /// multi-key section inside the task's own read or permit section on one of its keys is
+    /// refused with `KindConflict` (as the single-key path is), and another locker's reader
+    /// or permit holder still gets in meanwhile: nothing ran exclusively beside it.
+    async fn c02_multi_key_inside_a_shared_section_is_refused(fx) {
+        let locker = fx.locker().await;
+        let other = fx.locker().await;
+        for shared in [LockOptions::new().read(), LockOptions::new().permits(2)] {
+            let shared = shared.ttl(ms(5_000)).wait(ms(2_000));
+            let inner = locker
+                .run("acct", shared, async {
+                    locker
+                        .run_all(["acct", "other"], opts().wait(ms(500)), async {
+                            // Exclusive on "acct" while it runs: nobody else may share it.
+                            other
+                                .try_acquire("acct", shared.wait(ms(0)))
+                                .await
+                                .map(|g| g.is_some())
+                        })
+                        .await
+                })
+                .await
+                .expect("the outer shared section ran");
+            match inner {
+                Err(LockError::KindConflict { key, .. }) => assert_eq!(key, "acct"),
+                Ok(others_got_in) => panic!(
+                    "{}: the multi-key body ran inside a shared section (another holder got \
+                     in: {others_got_in:?})",
+                    shared.get_kind()
+                ),
+                Err(e) => panic!("{}: {e}", shared.get_kind()),
+            }
+            // Nothing of the refused call is left: "other" is free.
+            let g = other.try_acquire("other", opts()).await.unwrap();
+            assert!(g.is_some(), "the refused call took nothing");
+        }
+    }
+}
