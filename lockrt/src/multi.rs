@@ -22,6 +22,7 @@ use crate::backend::contract::Renewal;
 use crate::context;
 use crate::error::{LockError, LossCause};
 use crate::guard::{HeldLock, LockGuard};
+use crate::kind::reenter;
 use crate::lease::LeaseInfo;
 use crate::locker::Locker;
 use crate::options::{LockKind, LockOptions, OnLost, Wait};
@@ -161,13 +162,7 @@ impl Locker {
 
     /// Takes `keys` (canonical) in order with one deadline; on failure releases what it took.
     async fn take_all(&self, keys: &[String], opts: LockOptions) -> Result<MultiGuard, LockError> {
-        if opts.kind != LockKind::Exclusive {
-            // As the attribute refuses `mode` or `permits` with `keys`.
-            return Err(LockError::Config(format!(
-                "multi-key locks are exclusive: {} was asked for keys {keys:?}",
-                opts.kind
-            )));
-        }
+        exclusive_only(keys, opts)?;
         // One call when all are free and share a slot; else one by one, waiting as needed.
         if let Some(guards) = crate::acquire::take_at_once(self, keys, opts).await {
             return Ok(MultiGuard { guards });
@@ -287,10 +282,18 @@ impl Locker {
         opts: LockOptions,
         fut: F,
     ) -> Result<F::Output, LockError> {
+        exclusive_only(keys, opts)?;
         let (outer, fresh): (Vec<_>, Vec<_>) = keys
             .iter()
             .map(|k| (k, context::held(self.inner.id, k)))
             .partition(|(_, held)| held.is_some());
+        // A key of an enclosing section covers this one only if held exclusively: inside a
+        // read or permit section others share the key, and this body is exclusive.
+        for (key, held) in &outer {
+            if let Some(held) = held {
+                reenter(key, held.lease.key.kind, opts.kind)?;
+            }
+        }
         let fresh: Vec<String> = fresh.into_iter().map(|(k, _)| k.clone()).collect();
         let multi = if fresh.is_empty() {
             MultiGuard { guards: Vec::new() }
@@ -334,6 +337,17 @@ impl Locker {
             }
         }
     }
+}
+
+/// Multi-key locks are exclusive, as the attribute refuses `mode` or `permits` with `keys`.
+fn exclusive_only(keys: &[String], opts: LockOptions) -> Result<(), LockError> {
+    if opts.kind == LockKind::Exclusive {
+        return Ok(());
+    }
+    Err(LockError::Config(format!(
+        "multi-key locks are exclusive: {} was asked for keys {keys:?}",
+        opts.kind
+    )))
 }
 
 /// The `Lost` error of the first lease found lost.
