@@ -155,3 +155,128 @@ both! {
         }
     }
 }
+
+/// A locker through `proxy` whose calls give up after `response`, with its subscriber
+/// listening and its first checks done (so the next requests are the test's own).
+async fn warmed(
+    proxy: &FaultProxy,
+    direct: &mut redis::aio::MultiplexedConnection,
+    builder: lockrt::LockerBuilder,
+) -> (Locker, lockrt::LockGuard) {
+    let locker = builder.url(proxy.url()).build().await.unwrap();
+    let warm = locker
+        .acquire("warm", opts().ttl(ms(30_000)))
+        .await
+        .unwrap();
+    support::until_listening_for_revocations(direct, 1).await;
+    support::settle(
+        async || support::script_calls(direct).await >= 2,
+        "the locker's acquire and its check once listening",
+    )
+    .await;
+    (locker, warm)
+}
+
+/// Rule: every path that sends an acquire on behalf of a locker passes the same gate. An
+/// `acquire_all` whose one-script attempt is in flight when `shutdown()` is called ends with
+/// `ShutDown` before `shutdown()` returns, and the attempt, landing later, takes nothing;
+/// after `shutdown()`, `acquire_all` is refused and takes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c03_acquire_all_in_flight_is_ended_by_shutdown() {
+    let server = RedisServer::start().expect("start redis-server");
+    let proxy = FaultProxy::in_front_of(&server).expect("start proxy");
+    let mut direct = direct(&server).await;
+    let builder = Locker::builder()
+        .connect_timeout(ms(500))
+        .response_timeout(ms(2_000));
+    let (locker, warm) = warmed(&proxy, &mut direct, builder).await;
+    assert!(proxy.hold_requests() >= 1);
+    let l = locker.clone();
+    let task = tokio::spawn(async move {
+        l.acquire_all(["s:a", "s:b"], opts().ttl(ms(30_000)).wait(ms(5_000)))
+            .await
+    });
+    proxy
+        .wait_until(ms(3_000), |c| c.requests_held >= 1)
+        .await
+        .expect("the one-call acquire is held in the network");
+    locker.shutdown().await;
+    let res = tokio::time::timeout(ms(200), task)
+        .await
+        .expect("acquire_all still in flight after shutdown() returned")
+        .unwrap();
+    assert!(
+        matches!(res, Err(LockError::ShutDown)),
+        "acquire_all across shutdown: {res:?}"
+    );
+    let held = proxy.counters();
+    proxy.deliver_held();
+    proxy
+        .wait_until(ms(3_000), |c| {
+            c.to_server >= held.to_server + held.requests_held
+        })
+        .await
+        .expect("the held requests reached the server");
+    for key in ["lock:s:a", "lock:s:b"] {
+        let exists: bool = direct.exists(key).await.unwrap();
+        assert!(
+            !exists,
+            "{key} taken by an acquire that landed after shutdown"
+        );
+    }
+    let after = locker.acquire_all(["s:a", "s:b"], opts()).await;
+    assert!(matches!(after, Err(LockError::ShutDown)), "{after:?}");
+    for key in ["lock:s:a", "lock:s:b"] {
+        let exists: bool = direct.exists(key).await.unwrap();
+        assert!(!exists, "{key} taken after shutdown");
+    }
+    drop(warm);
+}
+
+/// Rule: every call returns within `wait` + one connect + one response timeout, whatever the
+/// server does. `acquire_all` holds its first key and waits for the second when the server
+/// stops answering: it returns within that bound, and the first key is given back once the
+/// server answers again (in the background, not after its ttl).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c04_acquire_all_returns_within_its_bound_when_the_server_stops_answering() {
+    let server = RedisServer::start().expect("start redis-server");
+    let proxy = FaultProxy::in_front_of(&server).expect("start proxy");
+    let mut direct = direct(&server).await;
+    let (connect, response, wait) = (ms(500), ms(500), ms(300));
+    let builder = Locker::builder()
+        .connect_timeout(connect)
+        .response_timeout(response);
+    let (locker, _warm) = warmed(&proxy, &mut direct, builder).await;
+    let holder = Locker::connect(&server.url()).await.unwrap();
+    let b = holder.acquire("t:b", opts().ttl(ms(30_000))).await.unwrap();
+    let started = Instant::now();
+    let l = locker.clone();
+    let task = tokio::spawn(async move {
+        let res = l
+            .acquire_all(["t:a", "t:b"], opts().ttl(ms(30_000)).wait(wait))
+            .await;
+        (res, started.elapsed())
+    });
+    support::until_queued(&mut direct, "t:b", 1).await;
+    proxy.blackhole();
+    let (res, took) = task.await.unwrap();
+    let bound = wait + connect + response;
+    assert!(res.is_err(), "acquire_all got {res:?}");
+    assert!(
+        took < bound + ms(300),
+        "acquire_all returned after {took:?}, bound {bound:?}"
+    );
+    proxy.pass();
+    let gone = tokio::time::timeout(ms(10_000), async {
+        loop {
+            let exists: bool = direct.exists("lock:t:a").await.unwrap();
+            if !exists {
+                return;
+            }
+            tokio::time::sleep(ms(20)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the first key was not given back (ttl 30 s)");
+    b.release().await.unwrap();
+}

@@ -100,6 +100,17 @@ impl Locker {
         &self,
         acquisition: impl Future<Output = Result<LockGuard, LockError>>,
     ) -> Result<LockGuard, LockError> {
+        self.gated(acquisition, LockGuard::is_lost).await
+    }
+
+    /// The gate every path that sends an acquire on behalf of this locker passes: refused once
+    /// closing, cancelled (with its compensation) when the locker shuts down, waited for by
+    /// `shutdown`, and never handing out what shutdown already ended (`born_lost`).
+    pub(crate) async fn gated<T>(
+        &self,
+        acquisition: impl Future<Output = Result<T, LockError>>,
+        born_lost: impl FnOnce(&T) -> bool,
+    ) -> Result<T, LockError> {
         // Keeps `shutdown` waiting until this call has ended and handed its clean-up (if
         // any) to the tracker: dropped last, after the acquisition's compensation.
         let _in_flight = self.inner.cleanups.token();
@@ -111,7 +122,7 @@ impl Locker {
         match res {
             // Completed as `shutdown` drained the monitors: nothing renews it, so it is not
             // handed out (dropping it releases it).
-            Ok(guard) if guard.is_lost() && self.inner.closing.is_cancelled() => {
+            Ok(taken) if self.inner.closing.is_cancelled() && born_lost(&taken) => {
                 Err(LockError::ShutDown)
             }
             res => res,

@@ -133,7 +133,9 @@ impl Locker {
     /// Takes the locks of all `keys` or none, within one `wait`. The keys are taken in one
     /// canonical order (sorted, duplicates once) whatever order they are given in, so callers
     /// naming the same keys in opposite orders never deadlock; when one can't be had in time,
-    /// those taken are released before the error returns. `opts` applies to each lock.
+    /// those taken are released before the error returns (within the call's bound: `wait`
+    /// plus one connect and one response timeout; after that in the background). Refused
+    /// with `ShutDown` once the locker shuts down. `opts` applies to each lock.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
@@ -160,18 +162,35 @@ impl Locker {
         self.take_all(&keys, opts).await
     }
 
-    /// Takes `keys` (canonical) in order with one deadline; on failure releases what it took.
+    /// Takes `keys` (canonical) in order with one deadline, through the shutdown gate (as a
+    /// single acquire: refused once closing, its compensation waited for by `shutdown`).
     async fn take_all(&self, keys: &[String], opts: LockOptions) -> Result<MultiGuard, LockError> {
         exclusive_only(keys, opts)?;
-        // One call when all are free and share a slot; else one by one, waiting as needed.
-        if let Some(guards) = crate::acquire::take_at_once(self, keys, opts).await {
-            return Ok(MultiGuard { guards });
-        }
+        self.gated(self.take_all_now(keys, opts), MultiGuard::is_lost)
+            .await
+    }
+
+    /// [`take_all`](Self::take_all) inside the gate; on failure gives back what it took.
+    async fn take_all_now(
+        &self,
+        keys: &[String],
+        opts: LockOptions,
+    ) -> Result<MultiGuard, LockError> {
+        // The call's bound counts from its start, the one-script attempt included: `wait`
+        // plus one connect and one response timeout, whatever the server does.
         let wait = opts.wait.unwrap_or(self.defaults().wait);
         let deadline = match wait {
             Wait::For(d) => Some(Instant::now() + d),
             Wait::Forever => None,
         };
+        let bound = deadline.map(|d| d + self.inner.settings.shutdown_bound);
+        // One call when all are free and share a slot; else one by one, waiting as needed.
+        match within(bound, crate::acquire::take_at_once(self, keys, opts)).await {
+            Some(Some(guards)) => return Ok(MultiGuard { guards }),
+            Some(None) => {}
+            // Dropped unanswered: its compensation releases whatever it took.
+            None => return Err(self.unanswered("the one-call acquire of the keys")),
+        }
         let mut guards = Vec::with_capacity(keys.len());
         for key in keys {
             let opts = match deadline {
@@ -180,27 +199,55 @@ impl Locker {
             };
             match self.acquire(key, opts).await {
                 Ok(g) => guards.push(g),
-                Err(e) => {
-                    // All or none: the keys taken go back before the caller hears of it.
-                    let _ = MultiGuard { guards }.release().await;
-                    return Err(e);
-                }
+                Err(e) => return Err(self.give_back(guards, bound, e).await),
             }
         }
         // A key taken first may have been lost while the others were waited for: a fixed
         // lease run out or a forced unlock (known here), or a server restarted without its
         // data (known only by asking). Nobody gets a guard that is already lost.
         let earlier = &guards[..guards.len().saturating_sub(1)];
-        if let Err(e) = self.confirm_held(earlier).await {
-            let _ = MultiGuard { guards }.release().await;
-            return Err(e);
+        let confirmed = match within(bound, self.confirm_held(earlier)).await {
+            Some(confirmed) => confirmed,
+            None => Err(self.unanswered("the check of the keys taken first")),
+        };
+        if let Err(e) = confirmed {
+            return Err(self.give_back(guards, bound, e).await);
         }
         if let Some(lost) = guards.iter().find(|g| g.is_lost()) {
             let e = lost.lease().lost_error();
-            let _ = MultiGuard { guards }.release().await;
-            return Err(e);
+            return Err(self.give_back(guards, bound, e).await);
         }
         Ok(MultiGuard { guards })
+    }
+
+    /// The error of a call that found no answer to `what` within its bound.
+    fn unanswered(&self, what: &str) -> LockError {
+        let e = crate::error::BackendError::new(
+            self.backend().addr(),
+            format!(
+                "no answer to {what} within the call's wait plus one connect and one response timeout"
+            ),
+        );
+        LockError::Backend(e.with_hint(
+            "check that the server is up and reachable; nothing of this call stays taken",
+        ))
+    }
+
+    /// All or none: the keys taken go back before the caller hears of `e`, but not past the
+    /// call's `bound`; a release still under way then (a server that stopped answering) goes
+    /// on in the background, where `shutdown` waits for it.
+    async fn give_back(
+        &self,
+        guards: Vec<LockGuard>,
+        bound: Option<Instant>,
+        e: LockError,
+    ) -> LockError {
+        let multi = MultiGuard { guards };
+        let release = self.inner.cleanups.spawn(async move {
+            let _ = multi.release().await;
+        });
+        let _ = within(bound, release).await;
+        e
     }
 
     /// Checks with the backend that each of `earlier` (taken before the keys waited for after
@@ -336,6 +383,14 @@ impl Locker {
                 Err(e)
             }
         }
+    }
+}
+
+/// `fut`, unless `bound` comes first (then `None`); no bound: `fut`.
+async fn within<F: Future>(bound: Option<Instant>, fut: F) -> Option<F::Output> {
+    match bound {
+        Some(end) => tokio::time::timeout_at(end, fut).await.ok(),
+        None => Some(fut.await),
     }
 }
 
