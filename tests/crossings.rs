@@ -280,3 +280,48 @@ async fn c04_acquire_all_returns_within_its_bound_when_the_server_stops_answerin
     assert!(gone.is_ok(), "the first key was not given back (ttl 30 s)");
     b.release().await.unwrap();
 }
+
+/// Rule: every call returns within `wait` + one connect + one response timeout. A caller
+/// handed the lease by local hand-off waits for the passing holder's check of the lock only
+/// within its own wait: the server stopped (SIGSTOP) as the holder passes the lock, the
+/// successor with `wait` 300 ms returns within its bound, not the holder's check's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c05_a_local_successor_waits_for_the_hand_off_check_only_within_its_own_wait() {
+    let server = RedisServer::start().expect("start redis-server");
+    let (connect, response, wait) = (ms(500), ms(500), ms(300));
+    let locker = Locker::builder()
+        .url(server.url())
+        .connect_timeout(connect)
+        .response_timeout(response)
+        .build()
+        .await
+        .unwrap();
+    let ttl = ms(10_000);
+    let g = locker.acquire("passed", opts().ttl(ttl)).await.unwrap();
+    let l = locker.clone();
+    let successor = tokio::spawn(async move {
+        let started = Instant::now();
+        // The same ttl as the holder's: only such a caller is passed the lease.
+        let res = l.acquire("passed", opts().ttl(ttl).wait(wait)).await;
+        (res, started.elapsed())
+    });
+    support::settle(
+        async || locker.stats().waiting == 1,
+        "the successor waits for the key",
+    )
+    .await;
+    server.pause().expect("SIGSTOP redis-server");
+    let released = tokio::spawn(g.release());
+    let (res, took) = successor.await.unwrap();
+    server.resume().expect("SIGCONT redis-server");
+    let bound = wait + connect + response;
+    assert!(
+        took < bound + ms(300),
+        "the local successor returned after {took:?} ({res:?}), bound {bound:?}"
+    );
+    if let Ok(g) = res {
+        // Handed the lease only with the check done: the lock is its own.
+        g.release().await.unwrap();
+    }
+    let _ = released.await.unwrap();
+}

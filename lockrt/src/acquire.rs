@@ -237,8 +237,12 @@ impl<'a> Acquisition<'a> {
         if !self.terms.watchdog || baton.ttl != self.ttl || !baton.fresh(safety) {
             return None;
         }
-        // The check renewed the lease: it runs from when the check was sent.
-        let sent = baton.chain.vouch(baton.local).await?;
+        // The check renewed the lease: it runs from when the check was sent. Waited for
+        // within this caller's own wait (at least the retry window), not the holder's: past
+        // it the lock goes back and this caller makes its last attempt in the backend.
+        let sent = within(self.retry_end, baton.chain.vouch(baton.local))
+            .await
+            .flatten()?;
         let lease = baton.ttl;
         crate::lease::fresh(sent, lease, safety).then_some(Taken {
             fence: baton.counter,

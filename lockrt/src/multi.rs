@@ -26,6 +26,7 @@ use crate::kind::reenter;
 use crate::lease::LeaseInfo;
 use crate::locker::Locker;
 use crate::options::{LockKind, LockOptions, OnLost, Wait};
+use crate::wait::within;
 
 /// All the locks of one [`Locker::acquire_all`]. Dropping it releases them all in the
 /// background; [`release`](Self::release) does it in the foreground.
@@ -383,14 +384,6 @@ impl Locker {
                 Err(e)
             }
         }
-    }
-}
-
-/// `fut`, unless `bound` comes first (then `None`); no bound: `fut`.
-async fn within<F: Future>(bound: Option<Instant>, fut: F) -> Option<F::Output> {
-    match bound {
-        Some(end) => tokio::time::timeout_at(end, fut).await.ok(),
-        None => Some(fut.await),
     }
 }
 
