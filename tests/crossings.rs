@@ -325,3 +325,34 @@ async fn c05_a_local_successor_waits_for_the_hand_off_check_only_within_its_own_
     }
     let _ = released.await.unwrap();
 }
+
+both! {
+    /// Rule: a key's kind comes from live holders and live waiters only. A semaphore's holder
+    /// with a long lease releases early, the other holder's fixed short lease runs out
+    /// unreleased: the key has no live holder, and an exclusive caller takes it at once instead
+    /// of being refused with `KindConflict` until the longest lease ever recorded ends.
+    async fn c06_a_key_whose_last_share_ran_out_takes_any_kind(fx) {
+        let locker = fx.locker().await;
+        let sem = LockOptions::new().permits(3);
+        let long = locker.acquire("sem", sem.ttl(ms(9_000))).await.unwrap();
+        let sent = Instant::now();
+        let short = locker
+            .acquire("sem", sem.ttl(ms(600)).watchdog(false))
+            .await
+            .unwrap();
+        long.release().await.unwrap();
+        tokio::time::timeout(ms(3_000), short.lost())
+            .await
+            .expect("the fixed lease runs out");
+        // The holder counts its lease lost a margin early; the server's ends at 600 ms.
+        tokio::time::sleep_until(sent + ms(700)).await;
+        let started = Instant::now();
+        let lock = locker
+            .acquire("sem", opts().ttl(ms(5_000)).wait(ms(0)))
+            .await
+            .unwrap_or_else(|e| panic!("an exclusive caller after the last share ran out: {e}"));
+        assert!(started.elapsed() < ms(1_000));
+        lock.release().await.unwrap();
+        drop(short);
+    }
+}

@@ -185,6 +185,8 @@ end
 -- itself, of the same n. Returns the kind found on a conflict, nil otherwise.
 local function conflicting(want)
   local kind = redis.call('HGET', KEYS[7], 'kind')
+  -- Only live holders give the key a kind: the record outlives the shares whose leases ran out.
+  if kind and live_shared() == 0 then kind = nil end
   if not kind and redis.call('EXISTS', KEYS[1]) == 1 then kind = 'x' end
   if not kind then
     for i = 1, 65 do
