@@ -356,3 +356,73 @@ both! {
         drop(short);
     }
 }
+
+/// Rule: fences are exact in a double (below 2^53) with every ordering guarantee. The
+/// canonical fenced write, a compare-and-set in a Redis Lua script (where numbers are
+/// doubles), accepts every write of sections that held the lock in turn: two lockers, two
+/// tasks each, local hand-offs among them, and a counter that expired in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c11_fences_are_exact_where_a_lua_fenced_write_compares_them() {
+    let server = RedisServer::start().expect("start redis-server");
+    let cas = redis::Script::new(
+        "local last = tonumber(redis.call('GET', KEYS[1]) or '0') \
+         if tonumber(ARGV[1]) > last then redis.call('SET', KEYS[1], ARGV[1]) return 1 end \
+         return 0",
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let locker = Locker::builder()
+            .url(server.url())
+            .local_handoff(8)
+            .fence_retention(ms(200))
+            .build()
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            let (locker, cas) = (locker.clone(), cas.clone());
+            let mut conn = direct(&server).await;
+            tasks.push(tokio::spawn(async move {
+                let (mut accepted, mut rejected, mut max) = (0, 0, 0u64);
+                for round in 0..60 {
+                    let g = locker
+                        .acquire("fenced", opts().ttl(ms(300)).wait(ms(10_000)))
+                        .await
+                        .unwrap();
+                    max = max.max(g.fence());
+                    let ok: i64 = cas
+                        .key("storage")
+                        .arg(g.fence().to_string())
+                        .invoke_async(&mut conn)
+                        .await
+                        .unwrap();
+                    if ok == 1 {
+                        accepted += 1
+                    } else {
+                        rejected += 1
+                    }
+                    if round == 30 {
+                        // Idle past the counter's retention: the next one starts anew.
+                        drop(g);
+                        tokio::time::sleep(ms(700)).await;
+                        continue;
+                    }
+                    g.release().await.unwrap();
+                }
+                (accepted, rejected, max)
+            }));
+        }
+    }
+    let (mut accepted, mut rejected, mut max) = (0, 0, 0);
+    for t in tasks {
+        let (a, r, m) = t.await.unwrap();
+        (accepted, rejected, max) = (accepted + a, rejected + r, max.max(m));
+    }
+    println!(
+        "FIGURE fenced_lua_write: {accepted} accepted, {rejected} rejected, largest fence {max}"
+    );
+    assert!(max < 1 << 53, "fence {max} is not exact in a double");
+    assert_eq!(
+        rejected, 0,
+        "legitimate fenced writes rejected ({accepted} accepted)"
+    );
+}

@@ -33,18 +33,32 @@ local function owner_text(owner)
   return string.sub(owner, 1, 256)
 end
 
--- The next fence from counter KEYS[2], and its decimal text. A live counter increments; a new
--- one starts at the server time in µs, above any fence an expired counter can have issued (it
--- grew by at most one per acquisition). The counter's lifetime is one rule for every script:
--- `retention` ms, and never less than twice the lease, so it outlives the lock it fences.
+-- The fence clock: the server time in units of 10 µs since 2020-01-01. Times 32 (the local
+-- hand-off places, see FENCES_PER_COUNT), every fence stays below 2^53, exact in a double
+-- (Lua, JavaScript, JSON parsers) until about 2109.
+local FENCE_EPOCH_US = 1577836800000000
+local function fence_clock()
+  return math.floor((now_us() - FENCE_EPOCH_US) / 10)
+end
+
+-- The next fence from counter KEYS[2], and its decimal text: max(counter + 1, fence clock).
+-- A new counter starts at the clock, above every fence an expired one issued: that one was at
+-- most the clock of its last acquisition plus the acquisitions that came faster than one per
+-- 10 µs. The counter's lifetime is one rule for every script: `retention` ms from its
+-- creation, and never less than twice the lease, so it outlives the lock it fences.
 -- `K`: the keys of the lock (KEYS unless given, see acquire_all.lua).
 local function next_fence(lease, retention, K)
   K = K or KEYS
   local fence = redis.call('INCR', K[2])
+  local clock = fence_clock()
   if fence == 1 then
-    fence = now_us()
+    fence = clock
     local life = math.max(tonumber(retention), 2 * tonumber(lease))
     redis.call('SET', K[2], string.format('%.0f', fence), 'PX', string.format('%.0f', life))
+  elseif fence < clock then
+    -- INCRBY keeps the counter's expiry (SET's KEEPTTL needs Redis 6).
+    redis.call('INCRBY', K[2], string.format('%.0f', clock - fence))
+    fence = clock
   end
   -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
   return fence, string.format('%.0f', fence)
