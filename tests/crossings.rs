@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use lockrt::testing::{FaultProxy, RedisServer};
 use lockrt::{LockError, LockOptions, Locker};
 use redis::AsyncCommands;
@@ -425,4 +427,67 @@ async fn c11_fences_are_exact_where_a_lua_fenced_write_compares_them() {
         rejected, 0,
         "legitimate fenced writes rejected ({accepted} accepted)"
     );
+}
+
+/// Rule: state per job, not per tick. `every()` with a 50 ms tick for 3 s (60 ticks): the job
+/// leaves a fixed number of claim keys and fencing counters on the server, not one per tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c07_every_keeps_state_per_job_not_per_tick() {
+    let server = RedisServer::start().expect("start redis-server");
+    let mut direct = direct(&server).await;
+    let locker = Locker::connect(&server.url()).await.unwrap();
+    let l = locker.clone();
+    let job = tokio::spawn(async move {
+        let opts = opts().ttl(ms(200));
+        lockrt::every(&l, "j7", ms(50), opts, |_| async {}).await
+    });
+    let mut counters = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(ms(1_000)).await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("{lock:j7:*}:fence")
+            .query_async(&mut direct)
+            .await
+            .unwrap();
+        counters.push(keys.len());
+    }
+    locker.shutdown().await;
+    job.await.unwrap().unwrap();
+    println!("FIGURE every_state: fencing counters of a 50 ms job after 1, 2, 3 s: {counters:?}");
+    // The claim slots of this job: (2 ticks + max_hold + a tick + ttl + 1 s) / tick + 2.
+    let slots = (100 + 50 + 50 + 200 + 1_000) / 50 + 2;
+    assert!(
+        counters.iter().all(|&n| n <= slots),
+        "counters {counters:?}, at most {slots} claim slots"
+    );
+}
+
+/// Rule: every check the docs promise "before any tick" is made before any tick. With a
+/// one-minute tick and `max_hold` 20 min, the job cycles through 27 claim slots
+/// (`<name>:tick:0` .. `<name>:tick:26`): a name for which only the two-digit slots exceed the
+/// key limit (1,024 bytes) is refused at once, not at the first tick that uses such a slot.
+#[tokio::test]
+async fn c08_every_refuses_an_over_long_name_before_any_tick() {
+    let locker = Locker::in_memory();
+    let opts = opts().max_hold(Duration::from_secs(20 * 60));
+    let name = "n".repeat(1_024 - ":tick:".len() - 1);
+    let started = Instant::now();
+    let res = tokio::time::timeout(
+        ms(5_000),
+        lockrt::every(&locker, &name, Duration::from_secs(60), opts, |_| async {}),
+    )
+    .await;
+    assert!(
+        matches!(res, Ok(Err(LockError::InvalidKey { .. }))),
+        "every() with a name whose longer claim keys are too long: {res:?}"
+    );
+    assert!(started.elapsed() < ms(1_000));
+    // One byte shorter fits every slot: accepted (it waits for its first tick).
+    let fits = "n".repeat(name.len() - 1);
+    let res = tokio::time::timeout(
+        ms(200),
+        lockrt::every(&locker, &fits, Duration::from_secs(60), opts, |_| async {}),
+    )
+    .await;
+    assert!(res.is_err(), "a name that fits every slot: {res:?}");
 }

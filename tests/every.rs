@@ -136,12 +136,18 @@ fn a_job_cut_short_at_max_hold_is_started_once_per_tick() {
 fn a_run_whose_claim_is_lost_is_cancelled() {
     let forced = Arc::new(AtomicBool::new(false));
     let opts = LockOptions::new().ttl(ms(1000));
-    let log = fleet(2, "x5", ms(3000), opts, ms(7000), move |_, locker, t| {
+    let log = fleet(2, "x5", ms(3000), opts, ms(7000), move |_, locker, _| {
         let forced = forced.clone();
         async move {
             if !forced.swap(true, Ordering::SeqCst) {
-                let r = locker.force_unlock(&format!("x5:at:{t}")).await;
-                eprintln!("force_unlock claim: {r:?}");
+                // The running tick's claim: the one claim not released (finished) yet.
+                let claims = locker.locks("x5:tick:*").await.unwrap();
+                let running = claims
+                    .iter()
+                    .find(|c| !c.released)
+                    .expect("the running claim");
+                let r = locker.force_unlock(&running.key).await;
+                eprintln!("force_unlock claim {}: {r:?}", running.key);
             }
             tokio::time::sleep(ms(500)).await;
         }

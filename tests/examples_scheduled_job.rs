@@ -278,3 +278,84 @@ async fn a_run_stopped_by_shutdown_is_run_by_another_instance_within_its_tick() 
         assert!(status.success(), "{status:?}");
     }
 }
+
+/// Issue 27, rule 9: a tick whose runner died is never lost silently. Three instances, tick
+/// 2 s, job 1.5 s, ttl 1 s; the runner of a tick is SIGKILLed 1.2 s into it, so its lease runs
+/// out only after the tick's end: another instance runs that tick late (with a WARN), once,
+/// and no two runs overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_killed_late_in_its_tick_is_taken_over_after_the_tick_ends() {
+    let redis = RedisServer::start().expect("start redis-server");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let args = ["--tick-ms", "2000", "--work-ms", "1500", "--ttl-ms", "1000"];
+    let mut instances: Vec<Child> = (0..3).map(|_| start_with(&redis, &tx, &args)).collect();
+    drop(tx);
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let mut events: Vec<Event> = Vec::new();
+    let mut victim: Option<(u32, u64)> = None;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let mut killed_at = 0u128;
+    loop {
+        let wake = kill_at.unwrap_or(deadline);
+        tokio::select! {
+            () = tokio::time::sleep_until(wake), if kill_at.is_some() => {
+                let (pid, _) = victim.expect("a victim");
+                let child = instances.iter_mut().find(|c| c.id() == Some(pid)).unwrap();
+                child.start_kill().expect("SIGKILL");
+                killed_at = now_us();
+                kill_at = None;
+            }
+            got = tokio::time::timeout_at(deadline, rx.recv()) => {
+                let (pid, line) = got.expect("the tick is finished within the limit").expect("printing");
+                let Some(e) = parse(pid, &line) else { continue };
+                if e.what == "start" && victim.is_none() {
+                    // 1.2 s into the tick (the tick value is its start in Unix ms).
+                    let into = now_us().saturating_sub(u128::from(e.tick) * 1000);
+                    let left = Duration::from_micros(1_200_000u64.saturating_sub(into as u64));
+                    victim = Some((pid, e.tick));
+                    kill_at = Some(tokio::time::Instant::now() + left);
+                }
+                let done = victim.is_some_and(|(_, t)| e.what == "end" && e.tick == t);
+                events.push(e);
+                if done {
+                    break;
+                }
+            }
+        }
+    }
+    let (victim, tick) = victim.unwrap();
+    let ends: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.what == "end" && e.tick == tick)
+        .collect();
+    assert_eq!(ends.len(), 1, "tick {tick}: {ends:?}");
+    assert_ne!(
+        ends[0].pid, victim,
+        "the killed instance finished its tick: not mid-run"
+    );
+    assert!(
+        ends[0].at_us > u128::from(tick + 2000) * 1000,
+        "taken over after the tick's end, as the lease ran out then"
+    );
+    // No two runs at once: the killed run until the kill.
+    let mut intervals: Vec<(u128, u128)> = events
+        .iter()
+        .filter(|e| e.what == "start")
+        .filter_map(|s| {
+            let end = events
+                .iter()
+                .find(|e| e.what == "end" && e.pid == s.pid && e.tick == s.tick)
+                .map(|e| e.at_us);
+            match end {
+                Some(end) => Some((s.at_us, end)),
+                None if s.pid == victim => Some((s.at_us, killed_at)),
+                None => None,
+            }
+        })
+        .collect();
+    intervals.sort_unstable();
+    for w in intervals.windows(2) {
+        assert!(w[0].1 <= w[1].0, "runs overlap: {:?} and {:?}", w[0], w[1]);
+    }
+    stop_all(&mut instances, Some(victim), deadline).await;
+}

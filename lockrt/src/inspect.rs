@@ -50,6 +50,10 @@ pub struct LockInfo {
     /// Each reader or permit holder, when `kind` is [`LockKind::Read`] or
     /// [`LockKind::Permits`]; empty for a lock.
     pub shared: Vec<ShareInfo>,
+    /// Released by its holder and kept taken until its `min_hold` ends (also the mark of a
+    /// finished [`every`](crate::every) tick): nobody runs under it, and no request of its
+    /// holder changes it any more.
+    pub released: bool,
 }
 
 /// One reader or permit holder of a key, in [`LockInfo::shared`].
@@ -110,6 +114,7 @@ impl Locker {
                     fence: h.fence.map(|c| holder_fence(c, 0)),
                 })
                 .collect(),
+            released: s.kept,
         }))
     }
 

@@ -1,12 +1,15 @@
 //! [`every`]: a job run once per tick across a fleet, on ticks every instance agrees on.
 //!
-//! Each tick is claimed with a lock of its own, `<name>:at:<tick start in Unix ms>`. The
-//! instance whose run finishes releases that claim keeping it taken on the server (as
-//! `min_hold` does) for a tick (at least a second) past the tick's end: the mark survives its
-//! process, so no other instance runs the tick again, and instances whose clocks lag still find
-//! it taken. A run that does not finish (its process dies, its lock is lost, the locker shuts
-//! down) leaves the claim to expire after `ttl` or frees it, and an instance still waiting for
-//! the tick takes it over. The runs themselves hold the lock `<name>`, so a run that overruns
+//! Each tick is claimed with a lock, `<name>:tick:<slot>`, the slot being the tick's number
+//! modulo [`slots`]: a job's state on the server is a fixed number of keys, not one per tick
+//! (a tick's claim is gone before the tick that reuses its slot starts). The instance whose
+//! run finishes releases that claim keeping it taken on the server (as `min_hold` does) for a
+//! tick (at least a second) past the tick's end: the mark survives its process, so no other
+//! instance runs the tick again, and instances whose clocks lag still find it taken. A run that
+//! does not finish (its process dies, its lock is lost, the locker shuts down) leaves the claim
+//! to expire after `ttl` or frees it, and an instance still waiting for the tick takes it over:
+//! also after the tick's end, while the claim is held by a run that did not finish, until the
+//! next tick ends (then the tick is given up, with a WARN and a counter). The runs themselves hold the lock `<name>`, so a run that overruns
 //! its tick never overlaps the next (bounded by `max_hold`, one tick unless set). A job that
 //! finishes marks its tick done at once, on its claim's lease, so a shutdown racing the end of
 //! the run keeps the claim too.
@@ -46,6 +49,10 @@ enum Turn {
     MaxHold,
     /// The lock server failed; the tick is left to the others.
     Failed,
+    /// Ran here after the tick's end: its runner did not finish (died) and its lease ran out.
+    Late,
+    /// The claim was still held by a run that did not finish when the next tick ended.
+    GivenUp,
 }
 
 /// Runs `job` once per `tick` across every instance that calls this with the same `name` on
@@ -58,7 +65,10 @@ enum Turn {
 /// - **Exactly one run per tick** across the fleet: the instance that gets the tick's claim
 ///   runs it, the others wait for the claim until the tick ends and run it only if the holder
 ///   dies first (its lease, `ttl`, runs out: pick `ttl` well below `tick` for a takeover
-///   within the tick). A finished run keeps its claim a tick (at least a second) past the
+///   within the tick). A holder that died late in the tick, whose lease runs out after the
+///   tick's end, is taken over then (a WARN says the tick runs late), until the next tick
+///   ends; a claim still held by a run that neither finished nor renews at that point is
+///   given up with a WARN and the counter `lockrt_job_ticks_given_up_total`. A finished run keeps its claim a tick (at least a second) past the
 ///   tick's end, so neither a crash after the run nor a clock that lags by less than that makes
 ///   it run twice. A run stopped by `shutdown()` or a lost lock is not finished: an instance
 ///   still waiting runs the tick.
@@ -113,7 +123,7 @@ where
     F: FnMut(SystemTime) -> Fut,
     Fut: Future<Output = ()>,
 {
-    check(locker, name, tick, &opts)?;
+    let slots = check(locker, name, tick, &opts)?;
     let tick_ms = tick.as_millis().max(1);
     let mut start = next_tick(now_ms(), tick_ms);
     loop {
@@ -122,7 +132,8 @@ where
             () = locker.inner.closing.cancelled() => return Ok(()),
             () = sleep_until_ms(start) => {}
         }
-        let turn = take_turn(locker, name, start, tick_ms, opts, &mut job).await;
+        let claim = claim_key(name, start / tick_ms % slots);
+        let turn = take_turn(locker, name, &claim, start, tick_ms, opts, &mut job).await;
         match turn {
             Ok(turn) => log_turn(name, start, turn),
             Err(LockError::ShutDown) => return Ok(()),
@@ -134,7 +145,13 @@ where
     }
 }
 
-fn check(locker: &Locker, name: &str, tick: Duration, opts: &LockOptions) -> Result<(), LockError> {
+/// Checks the settings and names before any tick; the job's number of claim slots.
+fn check(
+    locker: &Locker,
+    name: &str,
+    tick: Duration,
+    opts: &LockOptions,
+) -> Result<u128, LockError> {
     if tick < MIN_TICK {
         return Err(LockError::Config(format!(
             "every(): `tick` must be at least {}ms (got {tick:?}): a claim kept for less than \
@@ -157,12 +174,27 @@ fn check(locker: &Locker, name: &str, tick: Duration, opts: &LockOptions) -> Res
         ));
     }
     locker.redis_key(name)?;
-    locker.redis_key(&claim_key(name, 0)).map(drop)
+    let ttl = opts.ttl.unwrap_or(locker.defaults().ttl);
+    let slots = slots(tick.as_millis().max(1), ttl, opts.max_hold.unwrap_or(tick));
+    // The longest claim key there will be.
+    locker.redis_key(&claim_key(name, slots - 1))?;
+    Ok(slots)
 }
 
-/// The claim of the tick starting at `start` (Unix ms).
-fn claim_key(name: &str, start: u128) -> String {
-    format!("{name}:at:{start}")
+/// How many claim keys a job cycles through. A tick's claim is gone within `life` of the
+/// tick's start: claimed until the tick ends, waited for until the next one ends, held by the
+/// run (bounded by the claim's `max_hold`, or its lease when the runner died), then kept as
+/// the finished tick's mark for a tick (at least a second). Two slots more, so that a clock
+/// ahead by less than a tick never meets the mark of the tick that used the slot before.
+fn slots(tick_ms: u128, ttl: Duration, run_max: Duration) -> u128 {
+    let keep = tick_ms.max(KEEP_PAST_END.as_millis());
+    let life = 2 * tick_ms + run_max.as_millis() + tick_ms + ttl.as_millis() + keep;
+    life.div_ceil(tick_ms) + 2
+}
+
+/// The claim key of slot `slot`.
+fn claim_key(name: &str, slot: u128) -> String {
+    format!("{name}:tick:{slot}")
 }
 
 /// One tick: its claim, then the run under the job's lock. `Err` only for what ends
@@ -170,6 +202,7 @@ fn claim_key(name: &str, start: u128) -> String {
 async fn take_turn<F, Fut>(
     locker: &Locker,
     name: &str,
+    claim_key: &str,
     start: u128,
     tick_ms: u128,
     opts: LockOptions,
@@ -189,18 +222,29 @@ where
         // Every instance but one waits for the claim until the tick ends: expected.
         busy_expected: true,
         ..opts
-    }
-    .wait(ms_until(end));
-    let claim = match locker.acquire(&claim_key(name, start), claim_opts).await {
-        Ok(claim) => claim,
-        Err(LockError::Timeout { .. }) => return Ok(Turn::Elsewhere),
+    };
+    let (claim, late) = match claim_tick(locker, claim_key, start, tick_ms, claim_opts).await {
+        Ok(Claim::Ours { guard, late }) => (guard, late),
+        Ok(Claim::Elsewhere) => return Ok(Turn::Elsewhere),
+        Ok(Claim::GivenUp) => return Ok(Turn::GivenUp),
         Err(LockError::Backend(e)) => {
             tracing::warn!(job = name, error = %e, "could not claim the tick");
             return Ok(Turn::Failed);
         }
         Err(e) => return Err(e),
     };
-    let run_opts = opts.max_hold(run_max).wait(ms_until(end));
+    if late {
+        tracing::warn!(
+            job = name,
+            tick = start as u64,
+            late_ms = duration_ms(now_ms().saturating_sub(end)),
+            "tick runs late here: its runner did not finish it (it died) and its lease ran out"
+        );
+    }
+    // A late run may wait for the job's lock until the next tick ends (the dead runner's
+    // lease on it runs out, or the next tick's run ends first).
+    let run_until = if late { end + tick_ms } else { end };
+    let run_opts = opts.max_hold(run_max).wait(ms_until(run_until));
     let scheduled = UNIX_EPOCH + Duration::from_millis(duration_ms(start));
     let keep = || tokio::time::Instant::now() + ms_until(end) + tick.max(KEEP_PAST_END);
     let lease = claim.lease().clone();
@@ -219,6 +263,7 @@ where
         }
     };
     let turn = match locker.run(name, run_opts, body).await {
+        Ok(true) if late => Turn::Late,
         Ok(true) => Turn::Ran,
         Ok(false) => Turn::Lost,
         Err(LockError::Timeout { .. }) => Turn::Overrun,
@@ -243,6 +288,83 @@ where
         Err(e) => return Err(e),
     };
     end_turn(name, claim, turn).await
+}
+
+/// What waiting for a tick's claim came to.
+enum Claim {
+    /// This instance runs the tick (`late`: after the tick's end).
+    Ours {
+        guard: crate::guard::LockGuard,
+        late: bool,
+    },
+    /// Another instance finished the tick, or runs it.
+    Elsewhere,
+    /// Still held by a run that did not finish when the next tick ended.
+    GivenUp,
+}
+
+/// Rounds of looking at a claim still held after the tick's end.
+const MAX_CLAIM_ROUNDS: u32 = 64;
+
+/// A claim's lease that ends this much later than last seen (ms) was renewed: more than
+/// the clock and round-trip noise between two looks.
+const RENEWED_BY: u128 = 20;
+
+/// Waits for the claim `key` of the tick starting at `start` until the tick ends, as every
+/// instance does. A claim still held then is looked at: the mark of a finished run (or a
+/// run going on past the tick's end) is another instance's tick; a run that has not finished
+/// may be a runner that died, whose lease runs out within its ttl: the claim is waited for
+/// again, each time until that lease would end, until the next tick ends.
+async fn claim_tick(
+    locker: &Locker,
+    key: &str,
+    start: u128,
+    tick_ms: u128,
+    opts: LockOptions,
+) -> Result<Claim, LockError> {
+    let end = start + tick_ms;
+    let give_up = end + tick_ms;
+    let mut until = end;
+    let mut late = false;
+    // When the holder's lease ends, as last seen (Unix ms): a later one means it renewed.
+    let mut expiry: Option<u128> = None;
+    for _ in 0..MAX_CLAIM_ROUNDS {
+        match locker.acquire(key, opts.wait(ms_until(until))).await {
+            Ok(guard) => return Ok(Claim::Ours { guard, late }),
+            Err(LockError::Timeout { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        late = true;
+        let now = now_ms();
+        match locker.lock_info(key).await? {
+            // Freed just now (a run that did not finish): ask again at once.
+            None if now < give_up => until = now,
+            Some(info) if info.released => {
+                // The mark of a run of this tick that finished; the mark of an older tick of
+                // this slot (a clock far ahead) is waited out.
+                let acquired = info.holder.as_ref().map_or(0, |h| h.acquired_at_ms);
+                if u128::from(acquired) + tick_ms >= start || now >= give_up {
+                    return Ok(Claim::Elsewhere);
+                }
+                until = give_up.min(now + info.remaining.unwrap_or_default().as_millis() + 1);
+            }
+            Some(info) => {
+                // Held by a run that has not finished. Renewed since the last look: its
+                // runner lives and finishes the tick. Otherwise wait until its lease ends.
+                let ends = now + info.remaining.map_or(tick_ms, |r| r.as_millis());
+                if expiry.is_some_and(|e| ends > e + RENEWED_BY) {
+                    return Ok(Claim::Elsewhere);
+                }
+                if now >= give_up {
+                    return Ok(Claim::GivenUp);
+                }
+                expiry = Some(ends);
+                until = give_up.min(ends + 1);
+            }
+            None => return Ok(Claim::GivenUp),
+        }
+    }
+    Ok(Claim::GivenUp)
 }
 
 /// Releases the tick's claim. A tick marked done (its job finished, or reached `max_hold`)
@@ -285,6 +407,17 @@ fn log_turn(name: &str, start: u128, turn: Turn) {
             tick,
             "job cancelled at max_hold; the tick counts as done (raise max_hold)"
         ),
+        Turn::Late => tracing::warn!(job = name, tick, "job ran late (its runner died)"),
+        Turn::GivenUp => {
+            crate::metrics::tick_given_up();
+            tracing::warn!(
+                job = name,
+                tick,
+                "tick given up: its claim was still held by a run that did not finish when the \
+                 next tick ended (a runner that died with a ttl longer than the tick, or a run \
+                 overrunning); pick ttl well below the tick"
+            );
+        }
         Turn::Failed | Turn::Stopped => {}
     }
 }

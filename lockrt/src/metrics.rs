@@ -19,6 +19,7 @@
 //! | `lockrt_local_handoffs_total` | counter | locks passed to the next holder inside the process (`LockerBuilder::local_handoff`) |
 //! | `lockrt_held` | gauge | locks held now, by `kind` |
 //! | `lockrt_waiting` | gauge | callers waiting for a busy lock now |
+//! | `lockrt_job_ticks_given_up_total` | counter | ticks of [`every`](crate::every) given up by this instance: the claim still held by a run that did not finish (a runner that died with a lease longer than the tick, or one overrunning) when the next tick ended |
 
 use std::time::Duration;
 
@@ -151,6 +152,12 @@ pub(crate) fn force_unlocked() {
 /// Renewals of `leases` leases failed (they are retried).
 pub(crate) fn renewal_failed(leases: usize) {
     imp::renewal_failed(leases);
+}
+
+/// A tick of `every` that no instance ran: its claim was still held by a run that did not
+/// finish when the next tick ended.
+pub(crate) fn tick_given_up() {
+    imp::count("lockrt_job_ticks_given_up_total");
 }
 
 /// A caller started (`+1.0`) or stopped (`-1.0`) waiting.

@@ -181,6 +181,8 @@ pub(crate) struct LockState {
     pub(crate) kind: LockKind,
     /// Each reader or permit holder, when `kind` is shared.
     pub(crate) shared: Vec<SharedState>,
+    /// Released by its holder and kept taken until `min_hold` ends: nobody runs under it.
+    pub(crate) kept: bool,
 }
 
 /// One reader or permit holder as a backend reports it to inspection.

@@ -383,6 +383,7 @@ impl MemoryBackend {
                 waiters,
                 kind: LockKind::Exclusive,
                 shared: Vec::new(),
+                kept: h.kept,
             });
         }
         let shared = st.shares(lock, now)?;
@@ -400,6 +401,7 @@ impl MemoryBackend {
             waiters,
             kind: shared.kind,
             shared: shares,
+            kept: false,
         })
     }
 

@@ -514,6 +514,8 @@ impl RedisBackend {
                 waiters,
                 kind: crate::options::LockKind::Exclusive,
                 shared: Vec::new(),
+                // release.lua's `kept_by`: a token no holder has.
+                kept: value.starts_with('k'),
             }));
         }
         let Some(kind) = parse_kind(&text(4)).filter(|_| !shared.is_empty()) else {
@@ -526,6 +528,7 @@ impl RedisBackend {
             waiters,
             kind,
             shared,
+            kept: false,
         }))
     }
 }
