@@ -491,3 +491,146 @@ async fn c08_every_refuses_an_over_long_name_before_any_tick() {
     .await;
     assert!(res.is_err(), "a name that fits every slot: {res:?}");
 }
+
+/// `count` user keys whose locks all hash to one slot served by master 0 of `cluster`.
+fn keys_in_one_slot(cluster: &lockrt::testing::RedisCluster, count: usize) -> (u16, Vec<String>) {
+    use lockrt::testing::slot_of;
+    let slot = (0..16_384u16)
+        .find(|&s| cluster.master_of_slot(s).unwrap() == 0)
+        .expect("master 0 serves a slot");
+    let keys = (0..10_000_000u32)
+        .map(|n| format!("mig{n}"))
+        .filter(|k| slot_of(format!("lock:{k}")) == slot)
+        .take(count)
+        .collect();
+    (slot, keys)
+}
+
+/// Moves one key of a migrating slot from master `from` to master `to` (an operator's
+/// `MIGRATE`): the lock's keys are then split between two masters, and every script on them
+/// gets `TRYAGAIN` until the migration ends.
+fn migrate_one(cluster: &lockrt::testing::RedisCluster, from: usize, to: usize, key: &str) {
+    let mut c = cluster
+        .client(from)
+        .get_connection()
+        .expect("node connection");
+    let _: String = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(cluster.port(to))
+        .arg(key)
+        .arg(0)
+        .arg(5_000)
+        .query(&mut c)
+        .expect("MIGRATE one key");
+}
+
+/// Rule: a release, a hand-over and a forced unlock are retried until they land or the lease
+/// ends; a migration never strands a lock for its lease. A lock's owner record is moved ahead
+/// of the rest of its slot (so its scripts get `TRYAGAIN`) for 2.5 s: the holder's release
+/// waits it out and lands, handing the lock to the waiter long before the lease (8 s) ends;
+/// a forced unlock in the same state lands too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c10_a_release_and_a_forced_unlock_outlast_a_slot_migration() {
+    let cluster = lockrt::testing::RedisCluster::start(3, 0).expect("start 3 masters");
+    let (slot, keys) = keys_in_one_slot(&cluster, 2);
+    let locker = || async {
+        Locker::builder()
+            .cluster(cluster.seed_urls())
+            .response_timeout(ms(500))
+            .build()
+            .await
+            .unwrap()
+    };
+    let (holder, waiter, admin) = (locker().await, locker().await, locker().await);
+    let ttl = ms(8_000);
+    let g = holder.acquire(&keys[0], opts().ttl(ttl)).await.unwrap();
+    let forced = holder.acquire(&keys[1], opts().ttl(ttl)).await.unwrap();
+    let w = {
+        let (waiter, key) = (waiter.clone(), keys[0].clone());
+        tokio::spawn(async move { waiter.acquire(&key, opts().ttl(ttl).wait(ms(20_000))).await })
+    };
+    support::settle(
+        async || waiter.stats().waiting == 1,
+        "the waiter waits for the lock",
+    )
+    .await;
+    let migration = cluster
+        .begin_slot_migration(slot, 1)
+        .expect("begin migration");
+    for key in &keys {
+        migrate_one(&cluster, 0, 1, &format!("{{lock:{key}}}:owner"));
+    }
+    let started = Instant::now();
+    let release = tokio::spawn(g.release());
+    let unlock = {
+        let (admin, key) = (admin.clone(), keys[1].clone());
+        tokio::spawn(async move { admin.force_unlock(&key).await })
+    };
+    tokio::time::sleep(ms(2_500)).await;
+    assert!(
+        !release.is_finished(),
+        "the release gave up during the migration"
+    );
+    migration.move_keys().expect("move the rest");
+    migration.finish().expect("finish the migration");
+    let released = release.await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        released.is_ok(),
+        "release across the migration: {released:?}"
+    );
+    let next = tokio::time::timeout(ms(3_000), w)
+        .await
+        .expect("the waiter is handed the lock after the migration, not after the lease")
+        .unwrap()
+        .expect("the waiter holds the lock");
+    let unlocked = unlock.await.unwrap();
+    assert!(
+        matches!(unlocked, Ok(true)),
+        "forced unlock across the migration: {unlocked:?}"
+    );
+    tokio::time::timeout(ms(3_000), forced.lost())
+        .await
+        .expect("the force-unlocked holder hears of it");
+    println!(
+        "FIGURE cluster_migration_release: released {took:?} after the start, across a 2.5 s split"
+    );
+    assert!(took < ttl, "released after {took:?}, lease {ttl:?}");
+    next.release().await.unwrap();
+}
+
+/// Rule: a poisoned key fails only its own lease. Four leases of one slot renew in one call;
+/// one lock's keys are split between two masters for three leases' time: that lease may be
+/// lost, the other three are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c10_one_split_lock_fails_only_its_own_lease_in_a_slot() {
+    let cluster = lockrt::testing::RedisCluster::start(3, 0).expect("start 3 masters");
+    let (slot, keys) = keys_in_one_slot(&cluster, 4);
+    let locker = Locker::builder()
+        .cluster(cluster.seed_urls())
+        .response_timeout(ms(500))
+        .build()
+        .await
+        .unwrap();
+    let ttl = ms(1_000);
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(locker.acquire(key, opts().ttl(ttl)).await.unwrap());
+    }
+    let migration = cluster
+        .begin_slot_migration(slot, 1)
+        .expect("begin migration");
+    migrate_one(&cluster, 0, 1, &format!("{{lock:{}}}:owner", keys[0]));
+    tokio::time::sleep(3 * ttl).await;
+    let lost: Vec<bool> = guards.iter().map(|g| g.is_lost()).collect();
+    migration.move_keys().expect("move the rest");
+    migration.finish().expect("finish the migration");
+    println!("FIGURE cluster_poisoned_key: leases lost after 3 ttl with one lock split: {lost:?}");
+    assert!(
+        lost[1..].iter().all(|l| !l),
+        "leases of other locks of the slot were lost with the split one: {lost:?}"
+    );
+    for g in guards {
+        let _ = g.release().await;
+    }
+}

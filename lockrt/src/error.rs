@@ -198,6 +198,8 @@ pub struct BackendError {
     message: String,
     hint: Option<String>,
     transient: bool,
+    /// A cluster slot moving or failing over (`TRYAGAIN`, redirections): it ends by itself.
+    migrating: bool,
 }
 
 impl BackendError {
@@ -208,6 +210,7 @@ impl BackendError {
             message: message.into(),
             hint: None,
             transient: true,
+            migrating: false,
         }
     }
 
@@ -220,6 +223,17 @@ impl BackendError {
     pub(crate) fn permanent(mut self) -> Self {
         self.transient = false;
         self
+    }
+
+    pub(crate) fn migrating(mut self) -> Self {
+        self.migrating = true;
+        self
+    }
+
+    /// A cluster slot in migration or failover refused the request: retry until it lands
+    /// (or the lease ends), the state ends by itself.
+    pub(crate) fn is_migrating(&self) -> bool {
+        self.migrating && self.transient
     }
 
     /// The server's address, without credentials.

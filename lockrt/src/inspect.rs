@@ -4,12 +4,17 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::backend::contract::holder_fence;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::locker::Locker;
 use crate::options::LockKind;
 use crate::owner::Holder;
+
+/// How long a forced unlock is retried while the lock's cluster slot migrates.
+const FORCE_WHILE_MIGRATING: Duration = Duration::from_secs(10);
 
 /// At most this many locks from one [`Locker::locks`] call.
 pub const MAX_LISTED: usize = 10_000;
@@ -170,7 +175,14 @@ impl Locker {
     /// ```
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let key = LockKey::new(self.prefix(), key)?;
-        let freed = self.backend().force_release(&key).await?;
+        // A slot in migration refuses it until the migration ends: retried for a while.
+        let mut moving = crate::lease::while_migrating(Instant::now() + FORCE_WHILE_MIGRATING);
+        let freed = loop {
+            match self.backend().force_release(&key).await {
+                Err(e) if e.is_migrating() && moving.retry(&e).await => {}
+                res => break res?,
+            }
+        };
         if freed {
             crate::metrics::force_unlocked();
             self.wake(&key.tag);

@@ -36,6 +36,11 @@ pub(crate) fn release_backoff() -> Backoff {
     )
 }
 
+/// Retries of a request a cluster slot in migration (or failover) refuses, until `until`.
+pub(crate) fn while_migrating(until: Instant) -> Backoff {
+    Backoff::new(Duration::from_millis(20), Duration::from_millis(250), 1024).until(until)
+}
+
 /// What a guard and the monitor share about one lease.
 #[derive(Debug)]
 pub(crate) struct LeaseInfo {
@@ -445,12 +450,17 @@ pub(crate) async fn end_lease(
         chain.idle().await;
     }
     let mut backoff = release_backoff();
+    // A slot in migration refuses the release until the migration ends (seconds): retried
+    // until it lands or the lease would have ended anyway, so the lock and its queue's next
+    // holder never wait for the lease.
+    let mut moving = while_migrating(info.deadline());
     let keep_until = keep_until.filter(|k| *k > Instant::now());
     loop {
         let keep = keep_until
             .map(|k| k.saturating_duration_since(Instant::now()))
             .filter(|d| !d.is_zero());
         match backend.release(&info.key, &info.token, keep).await {
+            Err(e) if e.is_migrating() && moving.retry(&e).await => {}
             Err(e) if backoff.retry(&e).await => {}
             res => return res,
         }

@@ -320,7 +320,22 @@ async fn renew(
     let renewals: Vec<Renewal<'_>> = batch.iter().map(|l| l.renewal(l.ttl, None)).collect();
     let sent = Instant::now();
     let hedge_at = hedge_time(sent, batch.iter().map(|l| l.deadline()));
-    let res = backend.renew_hedged(&renewals, hedge_at).await;
+    let mut res = backend.renew_hedged(&renewals, hedge_at).await;
+    if renewals.len() > 1
+        && res
+            .iter()
+            .all(|r| r.as_ref().is_err_and(|e| e.is_migrating()))
+    {
+        // One lease whose keys a migration split between two masters fails the call of its
+        // whole slot (TRYAGAIN): each lease alone, so that it fails only its own renewal.
+        let singles = futures_util::future::join_all(
+            (renewals.iter()).map(|r| backend.renew_hedged(std::slice::from_ref(r), hedge_at)),
+        )
+        .await;
+        res = (singles.into_iter().zip(res))
+            .map(|(mut single, batch)| single.pop().unwrap_or(batch))
+            .collect();
+    }
     let _ = done.send((ids, sent, res));
 }
 

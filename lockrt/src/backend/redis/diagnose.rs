@@ -29,7 +29,25 @@ pub(crate) fn diagnose(
 ) -> BackendError {
     let (hint, transient) = classify(e, cluster);
     let be = BackendError::new(addr, scrub(&e.to_string())).with_hint(hint);
+    let be = if cluster && moving(e) {
+        be.migrating()
+    } else {
+        be
+    };
     if transient { be } else { be.permanent() }
+}
+
+/// A slot in migration or a failover under way: redirections, `TRYAGAIN`, `CLUSTERDOWN`.
+fn moving(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+        )
+    )
 }
 
 /// What to do about `e`, and whether retrying the same request may succeed.
