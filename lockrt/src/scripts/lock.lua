@@ -56,9 +56,15 @@ local function next_fence(lease, retention, K)
     local life = math.max(tonumber(retention), 2 * tonumber(lease))
     redis.call('SET', K[2], string.format('%.0f', fence), 'PX', string.format('%.0f', life))
   elseif fence < clock then
-    -- INCRBY keeps the counter's expiry (SET's KEEPTTL needs Redis 6).
-    redis.call('INCRBY', K[2], string.format('%.0f', clock - fence))
+    -- Raised to the clock with the counter's expiry kept (SET's KEEPTTL needs Redis 6; the
+    -- commands are those an ACL user already has).
     fence = clock
+    local left = redis.call('PTTL', K[2])
+    if left > 0 then
+      redis.call('SET', K[2], string.format('%.0f', fence), 'PX', left)
+    else
+      redis.call('SET', K[2], string.format('%.0f', fence))
+    end
   end
   -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
   return fence, string.format('%.0f', fence)
