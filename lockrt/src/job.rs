@@ -53,6 +53,8 @@ enum Turn {
     Late,
     /// The claim was still held by a run that did not finish when the next tick ended.
     GivenUp,
+    /// Claimed too late to know whether the tick ran (a stopped process, a lagging clock).
+    TooLate,
 }
 
 /// Runs `job` once per `tick` across every instance that calls this with the same `name` on
@@ -227,6 +229,7 @@ where
         Ok(Claim::Ours { guard, late }) => (guard, late),
         Ok(Claim::Elsewhere) => return Ok(Turn::Elsewhere),
         Ok(Claim::GivenUp) => return Ok(Turn::GivenUp),
+        Ok(Claim::TooLate) => return Ok(Turn::TooLate),
         Err(LockError::Backend(e)) => {
             tracing::warn!(job = name, error = %e, "could not claim the tick");
             return Ok(Turn::Failed);
@@ -301,6 +304,8 @@ enum Claim {
     Elsewhere,
     /// Still held by a run that did not finish when the next tick ended.
     GivenUp,
+    /// Claimed only after a finished run's mark would have expired.
+    TooLate,
 }
 
 /// Rounds of looking at a claim still held after the tick's end.
@@ -328,8 +333,17 @@ async fn claim_tick(
     let mut late = false;
     // When the holder's lease ends, as last seen (Unix ms): a later one means it renewed.
     let mut expiry: Option<u128> = None;
+    // A finished run's mark lives at least this long past the tick's end.
+    let marked_until = end + tick_ms.max(KEEP_PAST_END.as_millis());
     for _ in 0..MAX_CLAIM_ROUNDS {
         match locker.acquire(key, opts.wait(ms_until(until))).await {
+            // Taken after a finished run's mark may have expired (this process was stopped,
+            // or its clock lags by more than the mark is kept): whether the tick ran is not
+            // known any more, so it is not run here.
+            Ok(guard) if now_ms() >= marked_until => {
+                let _ = guard.release().await;
+                return Ok(Claim::TooLate);
+            }
             Ok(guard) => return Ok(Claim::Ours { guard, late }),
             Err(LockError::Timeout { .. }) => {}
             Err(e) => return Err(e),
@@ -418,6 +432,12 @@ fn log_turn(name: &str, start: u128, turn: Turn) {
                  overrunning); pick ttl well below the tick"
             );
         }
+        Turn::TooLate => tracing::warn!(
+            job = name,
+            tick,
+            "tick not run here: claimed only after a finished run's mark would have expired \
+             (this process was stopped, or its clock lags by more than a tick and a second)"
+        ),
         Turn::Failed | Turn::Stopped => {}
     }
 }
