@@ -14,6 +14,7 @@ use lockrt::{LockOptions, Locker, MultiGuard};
 use crate::support::history::{self, KeyPart, Log, Outcome, Recorder, Rng, Section, mono_ns};
 use crate::support::kinds::oracle::Oracle;
 use crate::support::kinds::{Kind, Told, multi};
+use crate::support::mix::Events;
 
 const RW_KEY: &str = "kinds:rw";
 const SEM_KEY: &str = "kinds:sem";
@@ -51,10 +52,16 @@ pub(crate) fn main() {
     let log = Log::create(get("log").as_ref());
     let told = Verdicts::create(get("told").as_ref());
     let cancel = get("cancel") == "1";
+    // The interaction generator: options, nesting, forced unlocks, an `every()` job, and a
+    // `shutdown()` at the end, each recorded for `support::mix`.
+    let events = cfg.get("events").map(|p| Events::create(p.as_ref()));
     let (url, oracle_url, ns) = (get("url"), get("oracle"), get("ns"));
     let tallies = rt.block_on(async {
-        let locker = connect(&url, &mut Rng::new(seed)).await;
+        let (locker, response) = connect(&url, &mut Rng::new(seed)).await;
         let end = tokio::time::Instant::now() + run_for;
+        let job = events
+            .clone()
+            .map(|ev| tokio::spawn(job(locker.clone(), ev)));
         let callers: Vec<_> = (0..RW_CALLERS + SEM_CALLERS + MULTI_CALLERS)
             .map(|c| {
                 let c = Caller {
@@ -69,6 +76,8 @@ pub(crate) fn main() {
                         _ => Role::Multi,
                     },
                     cancel,
+                    events: events.clone(),
+                    response,
                 };
                 tokio::spawn(c.until(end))
             })
@@ -76,6 +85,14 @@ pub(crate) fn main() {
         let mut tallies = Vec::new();
         for c in callers {
             tallies.push(c.await.unwrap().0);
+        }
+        if let Some(ev) = &events {
+            // The job's run in flight, if any, ends with the shutdown.
+            locker.shutdown().await;
+            if let Some(job) = job {
+                let _ = tokio::time::timeout(ms(5_000), job).await;
+            }
+            left_behind(&locker, &get("direct"), ev).await;
         }
         tallies
     });
@@ -106,7 +123,7 @@ impl Verdicts {
 }
 
 /// The sections whose callers were told `Lost` (from every `*.told` file in `dir`), and how
-/// many sections ended with each verdict.
+/// many sections ended with each verdict (`lost:forced`, `lost:shutdown`: with that cause).
 pub(crate) fn load_told(dir: &Path) -> (Told, std::collections::BTreeMap<String, usize>) {
     let (mut told, mut verdicts) = (Told::new(), std::collections::BTreeMap::new());
     for entry in std::fs::read_dir(dir).expect("dir").flatten() {
@@ -120,24 +137,76 @@ pub(crate) fn load_told(dir: &Path) -> (Told, std::collections::BTreeMap<String,
                 panic!("bad verdict {line:?}")
             };
             *verdicts.entry(verdict.to_owned()).or_insert(0) += 1;
-            if verdict == "lost" {
-                told.insert((pid.parse().unwrap(), fence.parse().unwrap()));
+            let section = (pid.parse().unwrap(), fence.parse().unwrap());
+            if verdict.starts_with("lost") {
+                told.insert(section);
             }
         }
     }
     (told, verdicts)
 }
 
-/// Connects through the proxy, which may be misbehaving right now (bounded retries).
-async fn connect(url: &str, rng: &mut Rng) -> Locker {
+/// Connects through the proxy, which may be misbehaving right now (bounded retries); the
+/// locker and its response timeout.
+async fn connect(url: &str, rng: &mut Rng) -> (Locker, Duration) {
     for _ in 0..50 {
-        let b = Locker::builder().url(url).connect_timeout(ms(300));
-        if let Ok(l) = b.response_timeout(rng.ms(100, 400)).build().await {
-            return l;
+        let b = Locker::builder().url(url).connect_timeout(CONNECT);
+        let response = rng.ms(100, 400);
+        if let Ok(l) = b.response_timeout(response).build().await {
+            return (l, response);
         }
         tokio::time::sleep(ms(100)).await;
     }
     panic!("could not connect through the proxy {url}");
+}
+
+/// The workers' connect timeout.
+const CONNECT: Duration = Duration::from_millis(300);
+
+/// The generator's `every()` job: a 250 ms tick, each finished run recorded (`J`).
+async fn job(locker: Locker, ev: Events) {
+    let opts = LockOptions::new().ttl(ms(200));
+    let l = locker.clone();
+    let _ = lockrt::every(&l, JOB, ms(250), opts, |tick| {
+        let ev = ev.clone();
+        async move {
+            let start = mono_ns();
+            let fence = lockrt::current_lock().map_or(0, |h| h.fence());
+            tokio::time::sleep(ms(20)).await;
+            let tick = tick
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis();
+            ev.write(format!(
+                "J {} {tick} {fence} {start} {}",
+                std::process::id(),
+                mono_ns()
+            ));
+        }
+    })
+    .await;
+}
+
+/// The generator's job name.
+const JOB: &str = "kinds:job";
+
+/// After `shutdown()`: every lock of the keys this worker used that its locker still holds
+/// (`L`), read straight from the server. A claim of a finished tick, kept on purpose, is
+/// not held (`released`).
+async fn left_behind(locker: &Locker, direct: &str, ev: &Events) {
+    let Ok(reader) = Locker::connect(direct).await else {
+        return;
+    };
+    let mine = locker.instance_id().to_string();
+    let held = reader.locks("kinds:*").await.unwrap_or_default();
+    for info in held.iter().filter(|i| !i.released) {
+        let holders =
+            (info.holder.iter()).chain(info.shared.iter().filter_map(|s| s.holder.as_ref()));
+        if holders.into_iter().any(|h| h.instance_id == mine) {
+            ev.write(format!("L {} {}", std::process::id(), info.key));
+        }
+    }
+    reader.shutdown().await;
 }
 
 /// What a caller takes.
@@ -161,6 +230,10 @@ struct Caller {
     /// Whether some calls are cancelled (not in the restart schedule: its check needs to know
     /// what every caller was told).
     cancel: bool,
+    /// The interaction generator's records (`support::mix`), when it runs.
+    events: Option<Events>,
+    /// The locker's response timeout, for the bound every call keeps.
+    response: Duration,
 }
 
 impl Caller {
@@ -217,20 +290,35 @@ impl Caller {
         } else {
             rng.ms(0, 40)
         };
-        let opts = kind.options().ttl(ttl).wait(wait).watchdog(!fixed);
+        let mut opts = kind.options().ttl(ttl).wait(wait).watchdog(!fixed);
+        let mix = self.events.is_some();
+        // The generator: `min_hold` on writers, a nested call inside `run`, forced unlocks.
+        let min_hold = (mix && kind == Kind::Exclusive && rng.chance(25)).then(|| rng.ms(100, 700));
+        if let Some(m) = min_hold {
+            opts = opts.min_hold(m);
+        }
+        let nest = mix && kind != Kind::Multi && rng.chance(25);
+        if mix && rng.chance(3) {
+            let victim = if rng.chance(50) { RW_KEY } else { SEM_KEY };
+            let _ = self.locker.force_unlock(victim).await;
+            tally.bump("forced");
+        }
         let cancel = (rng.chance(25) && self.cancel).then(|| rng.ms(0, 1_200));
-        let style = rng.range(0, 2);
+        let style = if nest { 0 } else { rng.range(0, 2) };
         let key = if kind == Kind::Permits(PERMITS) {
             SEM_KEY
         } else {
             RW_KEY
         };
-        let seen = AtomicU64::new(0);
+        let (seen, began) = (AtomicU64::new(0), AtomicU64::new(0));
         let cx = Cx {
             oracle: &mut self.oracle,
             log: &self.log,
             seen: &seen,
+            began: &began,
+            nest: nest.then_some(self.events.as_ref()).flatten(),
         };
+        let start = mono_ns();
         let op = async {
             match kind {
                 Kind::Multi => multi_op(&self.locker, &names, opts, work, cx).await,
@@ -242,6 +330,25 @@ impl Caller {
         let fence = seen.load(Ordering::SeqCst);
         if fence != 0 {
             self.told.write(fence, verdict(&res));
+        }
+        if let Some(ev) = &self.events {
+            let pid = std::process::id();
+            if let (Some(m), true) = (min_hold, fence != 0) {
+                ev.write(format!("M {pid} {fence} {}", m.as_millis()));
+            }
+            // Until the body began, or the call ended without one (a cancelled call: no).
+            let until = match began.load(Ordering::SeqCst) {
+                0 if res.is_ok() => mono_ns(),
+                0 => 0,
+                t => t,
+            };
+            // `wait` (a `try_acquire` ignores it) plus one connect and one response timeout;
+            // the retry window and scheduling on a loaded machine on top.
+            let wait = if style == 2 { Duration::ZERO } else { wait };
+            let allowed = wait.max(ms(100)) + CONNECT + self.response + ms(400);
+            if until != 0 && until - start > allowed.as_nanos() as u64 {
+                ev.write(format!("B {pid} {start} {until} {}", allowed.as_nanos()));
+            }
         }
         match res {
             Ok(Ok(o)) => tally.count(o),
@@ -262,6 +369,11 @@ type OpResult = Result<Option<Outcome>, lockrt::LockError>;
 fn verdict(res: &Result<OpResult, tokio::time::error::Elapsed>) -> &'static str {
     match res {
         Ok(Ok(Some(Outcome::Lost))) => "lost",
+        Ok(Err(lockrt::LockError::Lost { cause, .. })) => match cause {
+            lockrt::LossCause::ForceUnlocked => "lost:forced",
+            lockrt::LossCause::ShutDown => "lost:shutdown",
+            _ => "lost",
+        },
         Ok(Err(e)) if e.is_lost() => "lost",
         Ok(Ok(Some(Outcome::Stale))) => "stale",
         Ok(Ok(_)) => "ok",
@@ -270,11 +382,14 @@ fn verdict(res: &Result<OpResult, tokio::time::error::Elapsed>) -> &'static str 
     }
 }
 
-/// What a use of the lock writes to: the oracle, the log, and the fence its body ran with.
+/// What a use of the lock writes to: the oracle, the log, the fence its body ran with and
+/// when it began; with `nest`, a nested call inside `run` recorded there.
 struct Cx<'a> {
     oracle: &'a mut Oracle,
     log: &'a Log,
     seen: &'a AtomicU64,
+    began: &'a AtomicU64,
+    nest: Option<&'a Events>,
 }
 
 fn is_lost(guard: Option<&lockrt::LockGuard>) -> bool {
@@ -418,12 +533,22 @@ async fn one_op(
     work: Duration,
     cx: Cx<'_>,
 ) -> OpResult {
-    let Cx { oracle, log, seen } = cx;
+    let Cx {
+        oracle,
+        log,
+        seen,
+        began,
+        nest,
+    } = cx;
     let g = match style {
         0 => {
             let section = async {
+                began.store(mono_ns(), Ordering::SeqCst);
                 let fence = lockrt::current_lock().expect("inside run").fence();
                 seen.store(fence, Ordering::SeqCst);
+                if let Some(ev) = nest {
+                    nested(locker, key, kind, fence, ev).await;
+                }
                 body(kind, oracle, log, fence, work, None).await
             };
             return locker.run(key, opts, section).await.map(Some);
@@ -434,16 +559,50 @@ async fn one_op(
             None => return Ok(None),
         },
     };
+    began.store(mono_ns(), Ordering::SeqCst);
     seen.store(g.fence(), Ordering::SeqCst);
     let o = body(kind, oracle, log, g.fence(), work, Some(&g)).await;
     release(g.release().await, o)
+}
+
+/// A nested call inside this task's own `run` section of `kind` on `key` (`N`): the same
+/// kind again is covered by the outer section (no wait, `Ok`); a multi-key section over the
+/// key inside a read or permit section must be refused with `KindConflict`; a read inside a
+/// write section is covered.
+async fn nested(locker: &Locker, key: &str, kind: Kind, fence: u64, ev: &Events) {
+    let now = LockOptions::new().wait(Duration::ZERO);
+    let verdict = match kind {
+        Kind::Read | Kind::Permits(_) => {
+            let keys = [key.to_owned(), format!("kinds:{}", MULTI_KEYS[3])];
+            match locker.run_all(keys, now, async {}).await {
+                Err(lockrt::LockError::KindConflict { .. }) => "ok".to_owned(),
+                Err(e) if e.is_lost() => "ok".to_owned(),
+                other => format!("BAD:multi-key-inside-{kind}:{other:?}"),
+            }
+        }
+        _ => match locker
+            .run(key, LockOptions::new().read().wait(Duration::ZERO), async {
+            })
+            .await
+        {
+            Ok(()) => "ok".to_owned(),
+            Err(e) if e.is_lost() => "ok".to_owned(),
+            Err(e) => format!("BAD:read-inside-write:{e:?}"),
+        },
+    };
+    ev.write(format!(
+        "N {} {fence} {}",
+        std::process::id(),
+        verdict.replace(' ', "_")
+    ));
 }
 
 /// The section's outcome, or the release's `Lost`: the caller is told the lock was lost.
 /// Other release errors leave the outcome as it was (the lock expires).
 fn release(res: Result<(), lockrt::LockError>, o: Outcome) -> OpResult {
     match res {
-        Err(e) if e.is_lost() && o != Outcome::Lost => Err(e),
+        // Also after a body that saw the loss: the error names its cause.
+        Err(e) if e.is_lost() => Err(e),
         _ => Ok(Some(o)),
     }
 }
@@ -459,6 +618,7 @@ async fn multi_op(
 ) -> OpResult {
     let keys = names.iter().map(|n| format!("kinds:{n}"));
     let g = locker.acquire_all(keys, opts).await?;
+    cx.began.store(mono_ns(), Ordering::SeqCst);
     let parts: Vec<(String, u64)> = (g.fences().into_iter())
         .map(|(k, f)| (k.trim_start_matches("kinds:").to_owned(), f))
         .collect();

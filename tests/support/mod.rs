@@ -6,6 +6,7 @@
 pub mod history;
 pub mod kinds;
 pub mod logs;
+pub mod mix;
 pub mod proxy_faults;
 pub mod topology;
 

@@ -1,0 +1,265 @@
+//! The interaction generator's own records and checks (`tests/chaos_kinds.rs`, schedule
+//! `Mix`): what the kinds checker does not see. Each worker process appends one line per
+//! event to its `*.mix` file; [`check`] judges the merged lines against the promises:
+//!
+//! - `M <pid> <fence> <min_hold ms>`: a writer's section with `min_hold`. No other section
+//!   on its key starts before the lock was held that long, unless its caller was told the
+//!   lock was lost (then the lock may have gone early).
+//! - `N <pid> <fence> <ok|BAD:what>`: a nested call inside a section (the same key again, or
+//!   `run_all` inside a read section, which must be refused). `BAD` is a violation.
+//! - `B <pid> <start ns> <end ns> <bound ns>`: a call that took longer than `wait` plus one
+//!   connect and one response timeout (and a scheduling allowance) to start its body or fail.
+//!   A violation unless the worker was stopped (SIGSTOP) meanwhile.
+//! - `J <pid> <tick ms> <fence> <start ns> <end ns>`: a finished run of the `every()` job.
+//!   At most one finished run per tick and no two runs at once, unless a stall or a fault of
+//!   the first runner's worker explains it (the documented at-least-once instant).
+//! - `L <pid> <key>`: a lock of this worker's locker still held after its `shutdown()`
+//!   returned. Always a violation.
+//!
+//! And of every section: its fence below 2^53, exact where fenced storage compares fences as
+//! doubles (a Lua script, JavaScript, JSON).
+//!
+//! Timestamps are `CLOCK_MONOTONIC` ns ([`mono_ns`](super::history::mono_ns)), comparable
+//! across the processes of one host.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::history::{Section, Stall};
+use super::kinds::Kind;
+
+/// Where a worker appends its events.
+#[derive(Clone)]
+pub struct Events(Arc<Mutex<std::fs::File>>);
+
+impl Events {
+    pub fn create(path: &Path) -> Events {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("mix events file");
+        Events(Arc::new(Mutex::new(f)))
+    }
+
+    pub fn write(&self, line: String) {
+        let mut f = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f.write_all(format!("{line}\n").as_bytes())
+            .expect("write mix event");
+    }
+}
+
+/// Every `*.mix` line of `dir`.
+pub fn load(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("dir").flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "mix") {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            out.extend(text.lines().map(str::to_owned));
+        }
+    }
+    out
+}
+
+/// A time a worker was disturbed by the schedule: stopped, or one of its connections faulted.
+#[derive(Debug, Clone, Copy)]
+pub struct Disturbed {
+    pub pid: u32,
+    pub from: u64,
+    pub to: u64,
+}
+
+/// What the generator's records came to.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub min_hold_sections: usize,
+    pub min_hold_broken: Vec<String>,
+    pub nested: usize,
+    pub nested_bad: Vec<String>,
+    pub over_bound: usize,
+    pub over_bound_unexcused: Vec<String>,
+    pub job_runs: usize,
+    pub job_ticks: usize,
+    pub job_reruns_excused: usize,
+    pub job_broken: Vec<String>,
+    pub left_after_shutdown: Vec<String>,
+    pub inexact_fences: Vec<String>,
+}
+
+impl Report {
+    pub fn violations(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for (what, list) in [
+            ("min_hold not honoured", &self.min_hold_broken),
+            ("nested call", &self.nested_bad),
+            ("call past its bound", &self.over_bound_unexcused),
+            ("every()", &self.job_broken),
+            ("left after shutdown", &self.left_after_shutdown),
+            ("fence not exact in a double", &self.inexact_fences),
+        ] {
+            v.extend(list.iter().take(10).map(|l| format!("{what}: {l}")));
+        }
+        v
+    }
+
+    pub fn summary(&self) -> String {
+        format!(
+            "{} min_hold sections ({} broken), {} nested calls ({} bad), {} calls past their \
+             bound ({} unexcused), every(): {} runs over {} ticks ({} reruns excused, {} \
+             broken), {} locks left after shutdown, {} fences above 2^53",
+            self.min_hold_sections,
+            self.min_hold_broken.len(),
+            self.nested,
+            self.nested_bad.len(),
+            self.over_bound,
+            self.over_bound_unexcused.len(),
+            self.job_runs,
+            self.job_ticks,
+            self.job_reruns_excused,
+            self.job_broken.len(),
+            self.left_after_shutdown.len(),
+            self.inexact_fences.len()
+        )
+    }
+}
+
+fn num(s: &str) -> u64 {
+    s.parse()
+        .unwrap_or_else(|_| panic!("bad number {s:?} in a mix record"))
+}
+
+/// Whether `pid` was stopped or disturbed at some point of `[from, to]`.
+fn disturbed(pid: u32, from: u64, to: u64, stalls: &[Stall], faults: &[Disturbed]) -> bool {
+    stalls
+        .iter()
+        .any(|s| s.pid == pid && s.stop <= to && s.cont >= from)
+        || faults
+            .iter()
+            .any(|f| f.pid == pid && f.from <= to && f.to >= from)
+}
+
+/// Whether section `s` held the read-write key (the key `min_hold` writers use).
+fn on_rw(s: &Section) -> bool {
+    match s.kind {
+        Kind::Exclusive | Kind::Read => true,
+        Kind::Multi => s.keys.iter().any(|k| k.key == super::kinds::multi::RW),
+        Kind::Permits(_) => false,
+    }
+}
+
+/// Judges the generator's `lines` with the sections, stalls and faults of the run; `told`:
+/// the (pid, fence) of sections whose callers were told their lock was lost.
+pub fn check(
+    lines: &[String],
+    sections: &[Section],
+    stalls: &[Stall],
+    faults: &[Disturbed],
+    told: &super::kinds::Told,
+) -> Report {
+    /// Scheduling and clock allowance between a kept lock's end and the next section's start.
+    const SLACK_NS: u64 = 30_000_000;
+    let mut r = Report::default();
+    for s in sections {
+        let fences = std::iter::once(s.fence).chain(s.keys.iter().map(|k| k.fence));
+        if let Some(f) = fences.into_iter().find(|&f| f >= 1 << 53) {
+            r.inexact_fences.push(format!("pid {} fence {f}", s.pid));
+        }
+    }
+    let mut runs: BTreeMap<u64, Vec<(u32, u64, u64, u64)>> = BTreeMap::new();
+    for line in lines {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.first().copied() {
+            Some("M") => {
+                r.min_hold_sections += 1;
+                let (pid, fence, hold) = (num(f[1]) as u32, num(f[2]), num(f[3]) * 1_000_000);
+                if told.contains(&(pid, fence)) {
+                    continue;
+                }
+                let Some(s) = sections.iter().find(|s| s.pid == pid && s.fence == fence) else {
+                    continue;
+                };
+                let until = s.acquired + hold.saturating_sub(SLACK_NS);
+                for o in sections
+                    .iter()
+                    .filter(|o| on_rw(o) && o.acquired > s.acquired)
+                {
+                    if (o.pid, o.fence) != (pid, fence) && o.acquired < until {
+                        r.min_hold_broken.push(format!(
+                            "pid {pid} fence {fence} min_hold {} ms: pid {} fence {} started \
+                             {:.1} ms after it",
+                            hold / 1_000_000,
+                            o.pid,
+                            o.fence,
+                            (o.acquired - s.acquired) as f64 / 1e6
+                        ));
+                    }
+                }
+            }
+            Some("N") => {
+                r.nested += 1;
+                if f[3] != "ok" {
+                    r.nested_bad.push(line.clone());
+                }
+            }
+            Some("B") => {
+                r.over_bound += 1;
+                let (pid, from, to) = (num(f[1]) as u32, num(f[2]), num(f[3]));
+                if !disturbed(pid, from, to, stalls, &[]) {
+                    r.over_bound_unexcused.push(format!(
+                        "pid {pid}: {:.0} ms, bound {:.0} ms",
+                        (to - from) as f64 / 1e6,
+                        num(f[4]) as f64 / 1e6
+                    ));
+                }
+            }
+            Some("J") => {
+                r.job_runs += 1;
+                let run = (num(f[1]) as u32, num(f[3]), num(f[4]), num(f[5]));
+                runs.entry(num(f[2])).or_default().push(run);
+            }
+            Some("L") => r.left_after_shutdown.push(line.clone()),
+            _ => panic!("bad mix record {line:?}"),
+        }
+    }
+    r.job_ticks = runs.len();
+    let mut all: Vec<(u64, u64, u32, u64, u64)> = Vec::new();
+    for (tick, rs) in &runs {
+        let mut rs = rs.clone();
+        rs.sort_by_key(|&(_, _, start, _)| start);
+        for w in rs.windows(2) {
+            // The first finished, but its mark did not reach Redis: its worker was stopped or
+            // cut off right then (the at-least-once instant of the README).
+            let (pid, _, _, end) = w[0];
+            if disturbed(pid, end, w[1].2, stalls, faults) {
+                r.job_reruns_excused += 1;
+            } else {
+                r.job_broken.push(format!(
+                    "tick {tick} finished twice: {:?} then {:?}",
+                    w[0], w[1]
+                ));
+            }
+        }
+        all.extend(
+            rs.iter()
+                .map(|&(pid, fence, s, e)| (s, e, pid, fence, *tick)),
+        );
+    }
+    all.sort_unstable();
+    for w in all.windows(2) {
+        let ((_, end, pid, fence, _), (start, _, _, fence2, _)) = (w[0], w[1]);
+        if end > start && !disturbed(pid, start, end, stalls, faults) {
+            r.job_broken
+                .push(format!("runs overlap: {:?} and {:?}", w[0], w[1]));
+        }
+        if fence2 <= fence && !disturbed(pid, start, end, stalls, faults) {
+            r.job_broken.push(format!(
+                "job fences not increasing: {:?} then {:?}",
+                w[0], w[1]
+            ));
+        }
+    }
+    r
+}
