@@ -634,3 +634,49 @@ async fn c10_one_split_lock_fails_only_its_own_lease_in_a_slot() {
         let _ = g.release().await;
     }
 }
+
+both! {
+    /// Review of issue 27: more lapsed shares than one script drops at a time (64) still leave
+    /// the key free for another kind: 140 permit holders whose fixed leases ran out unreleased
+    /// and one that released, then an exclusive caller takes the key at once.
+    async fn c06_many_lapsed_shares_take_any_kind(fx) {
+        let locker = fx.locker().await;
+        let sem = LockOptions::new().permits(1_000);
+        let long = locker.acquire("many", sem.ttl(ms(10_000))).await.unwrap();
+        let sent = Instant::now();
+        let mut short = Vec::new();
+        for _ in 0..140 {
+            short.push(
+                locker
+                    .acquire("many", sem.ttl(ms(400)).watchdog(false))
+                    .await
+                    .unwrap(),
+            );
+        }
+        tokio::time::sleep_until(sent + ms(1_000)).await;
+        long.release().await.unwrap();
+        let lock = locker
+            .acquire("many", opts().ttl(ms(5_000)).wait(ms(0)))
+            .await
+            .unwrap_or_else(|e| panic!("an exclusive caller after 140 shares ran out: {e}"));
+        lock.release().await.unwrap();
+        drop(short);
+    }
+}
+
+both! {
+    /// Review of issue 27: all or none also with `min_hold`. An `acquire_all` that times out
+    /// on its second key gives the first back at once: no body ran, so `min_hold` keeps
+    /// nothing.
+    async fn c04_a_failed_acquire_all_with_min_hold_keeps_nothing(fx) {
+        let (locker, other) = (fx.locker().await, fx.locker().await);
+        let busy = other.acquire("g2", opts().ttl(ms(10_000))).await.unwrap();
+        let res = locker
+            .acquire_all(["g1", "g2"], opts().min_hold(ms(5_000)).wait(ms(200)))
+            .await;
+        assert!(res.is_err_and(|e| e.is_timeout()));
+        let g1 = other.try_acquire("g1", opts()).await.unwrap();
+        assert!(g1.is_some(), "g1 kept by a failed acquire_all");
+        busy.release().await.unwrap();
+    }
+}

@@ -80,15 +80,23 @@ fn start_with(
         .env("REDIS_URL", redis.url())
         .args(args)
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("start scheduled_job");
     let pid = child.id().expect("pid");
     let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let lines = lines.clone();
+    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let (l, lines) = (lines.clone(), lines.clone());
     tokio::spawn(async move {
         while let Ok(Some(line)) = out.next_line().await {
-            let _ = lines.send((pid, line));
+            let _ = l.send((pid, line));
+        }
+    });
+    // The log (WARN and above), as lines starting with "log".
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = err.next_line().await {
+            let _ = lines.send((pid, format!("log {line}")));
         }
     });
     child
@@ -357,5 +365,71 @@ async fn a_runner_killed_late_in_its_tick_is_taken_over_after_the_tick_ends() {
     for w in intervals.windows(2) {
         assert!(w[0].1 <= w[1].0, "runs overlap: {:?} and {:?}", w[0], w[1]);
     }
+    stop_all(&mut instances, Some(victim), deadline).await;
+}
+
+/// Issue 27, rule 9, with one survivor: two instances, tick 2 s, job 1.9 s, ttl 1.5 s; the
+/// runner of a tick is SIGKILLed 1.85 s into it. The survivor runs that tick late, which takes
+/// it past the next tick's end: the next tick is run by nobody, and that is never silent (a
+/// WARN names it), or it is run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_nobody_could_run_after_a_late_takeover_is_reported() {
+    let redis = RedisServer::start().expect("start redis-server");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let args = ["--tick-ms", "2000", "--work-ms", "1900", "--ttl-ms", "1500"];
+    let mut instances: Vec<Child> = (0..2).map(|_| start_with(&redis, &tx, &args)).collect();
+    drop(tx);
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let mut victim: Option<(u32, u64)> = None;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let (mut ends, mut logs) = (Vec::new(), Vec::new());
+    loop {
+        let wake = kill_at.unwrap_or(deadline);
+        tokio::select! {
+            () = tokio::time::sleep_until(wake), if kill_at.is_some() => {
+                let (pid, _) = victim.expect("a victim");
+                let child = instances.iter_mut().find(|c| c.id() == Some(pid)).unwrap();
+                child.start_kill().expect("SIGKILL");
+                kill_at = None;
+            }
+            got = tokio::time::timeout_at(deadline, rx.recv()) => {
+                let (pid, line) = got.expect("within the limit").expect("printing");
+                if line.starts_with("log") {
+                    logs.push(line);
+                    continue;
+                }
+                let Some(e) = parse(pid, &line) else { continue };
+                if e.what == "start" && victim.is_none() {
+                    let into = now_us().saturating_sub(u128::from(e.tick) * 1000);
+                    let left = Duration::from_micros(1_850_000u64.saturating_sub(into as u64));
+                    victim = Some((pid, e.tick));
+                    kill_at = Some(tokio::time::Instant::now() + left);
+                }
+                if e.what == "end" {
+                    ends.push(e.tick);
+                }
+                // Two ticks after the victim's have had their chance.
+                if victim.is_some_and(|(_, t)| ends.iter().any(|&x| x >= t + 3 * 2000)) {
+                    break;
+                }
+            }
+        }
+    }
+    let (victim, tick) = victim.unwrap();
+    assert_eq!(
+        ends.iter().filter(|&&t| t == tick).count(),
+        1,
+        "tick {tick}: {ends:?}"
+    );
+    let next = tick + 2000;
+    let reported = logs
+        .iter()
+        .any(|l| l.contains("run by no instance") && l.contains(&format!("tick={next}")));
+    let ran = ends.contains(&next);
+    eprintln!("ends {ends:?}; logs {logs:#?}");
+    assert!(
+        ran || reported,
+        "tick {next} after the late run of {tick}: neither run nor reported"
+    );
     stop_all(&mut instances, Some(victim), deadline).await;
 }

@@ -55,6 +55,8 @@ enum Turn {
     GivenUp,
     /// Claimed too late to know whether the tick ran (a stopped process, a lagging clock).
     TooLate,
+    /// Skipped here while busy with an earlier tick, and no other instance ran it.
+    RunByNobody,
 }
 
 /// Runs `job` once per `tick` across every instance that calls this with the same `name` on
@@ -142,8 +144,57 @@ where
             Err(e) => return Err(e),
         }
         // The next tick, or the one now under way when this turn took longer (a run that
-        // overran): that one is claimed late, and the ticks in between are not made up for.
-        start = (start + tick_ms).max(now_ms() / tick_ms * tick_ms);
+        // overran, a late run): that one is claimed late, and the ticks in between are not
+        // made up for; one that no instance ran is reported.
+        let next = (start + tick_ms).max(now_ms() / tick_ms * tick_ms);
+        skipped(locker, name, (start + tick_ms, next), tick_ms, slots).await;
+        start = next;
+    }
+}
+
+/// Most ticks skipped in a row that are looked at one by one.
+const MAX_SKIPPED_LOOKED_AT: u128 = 16;
+
+/// The ticks `[from, to)` this instance skipped while busy with an earlier one: each is
+/// looked at on the server, and one that no instance ran (no claim: neither a finished run's
+/// mark nor a run going on) is given up loudly (WARN, `lockrt_job_ticks_given_up_total`).
+async fn skipped(
+    locker: &Locker,
+    name: &str,
+    (from, to): (u128, u128),
+    tick_ms: u128,
+    slots: u128,
+) {
+    let keep = tick_ms.max(KEEP_PAST_END.as_millis());
+    let mut tick = from;
+    let mut looked = 0;
+    while tick < to {
+        let now = now_ms();
+        if looked == MAX_SKIPPED_LOOKED_AT || now >= tick + tick_ms + keep {
+            // A finished run's mark may be gone already: not known.
+            tracing::warn!(
+                job = name,
+                from = tick as u64,
+                to = to as u64,
+                "ticks skipped here while busy; not known whether another instance ran them"
+            );
+            return;
+        }
+        looked += 1;
+        let claim = claim_key(name, tick / tick_ms % slots);
+        let ran = match locker.lock_info(&claim).await {
+            Ok(Some(info)) => {
+                let acquired = info.holder.as_ref().map_or(0, |h| h.acquired_at_ms);
+                !info.released || u128::from(acquired) + tick_ms >= tick
+            }
+            Ok(None) => false,
+            // The server can't say: the ticks are not judged.
+            Err(_) => return,
+        };
+        if !ran {
+            log_turn(name, tick, Turn::RunByNobody);
+        }
+        tick += tick_ms;
     }
 }
 
@@ -167,6 +218,13 @@ fn check(
              next one; a run is always cancelled when its lock is lost"
                 .into(),
         ));
+    }
+    if opts.kind != crate::options::LockKind::Exclusive {
+        return Err(LockError::Config(format!(
+            "every(): a job runs under an exclusive lock, not {}: with shared claims every \
+             instance would run every tick",
+            opts.kind
+        )));
     }
     if opts.wait.is_some() || opts.min_hold.is_some() {
         return Err(LockError::Config(
@@ -432,6 +490,15 @@ fn log_turn(name: &str, start: u128, turn: Turn) {
                  overrunning); pick ttl well below the tick"
             );
         }
+        Turn::RunByNobody => {
+            crate::metrics::tick_given_up();
+            tracing::warn!(
+                job = name,
+                tick,
+                "tick run by no instance: this one was busy with an earlier tick (a late or \
+                 overrunning run) and no other took it"
+            );
+        }
         Turn::TooLate => tracing::warn!(
             job = name,
             tick,
@@ -494,6 +561,8 @@ mod tests {
             (LockOptions::new(), Duration::ZERO),
             (LockOptions::new().wait(ms(5)), ms(100)),
             (LockOptions::new().min_hold(ms(5)), ms(100)),
+            (LockOptions::new().read(), ms(100)),
+            (LockOptions::new().permits(3), ms(100)),
             (LockOptions::new(), ms(5)),
             (
                 LockOptions::new().on_lost(crate::options::OnLost::Continue),

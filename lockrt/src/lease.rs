@@ -60,6 +60,9 @@ pub(crate) struct LeaseInfo {
     /// Set after the lock was taken: kept until then by any release, shutdown's too (a
     /// scheduled job's tick marked done, see [`keep_after`](Self::keep_after)).
     kept_after: OnceLock<Instant>,
+    /// Released without keeping (`min_hold` forgone): the lock of an acquisition given back
+    /// before any body ran.
+    unkept: std::sync::atomic::AtomicBool,
     /// Cancelled when the lease is lost or released: nothing may rely on it after that.
     pub(crate) lost: CancellationToken,
     /// Released by `Locker::shutdown`: the guard's own release has nothing left to do.
@@ -246,6 +249,7 @@ impl LeaseInfo {
             acquired_at,
             keep_until: n.min_hold.and_then(|h| Instant::now().checked_add(h)),
             kept_after: OnceLock::new(),
+            unkept: std::sync::atomic::AtomicBool::new(false),
             lost: CancellationToken::new(),
             released: std::sync::atomic::AtomicBool::new(false),
             loss_reported: std::sync::atomic::AtomicBool::new(false),
@@ -379,7 +383,16 @@ impl LeaseInfo {
     /// Until when a release keeps the lock: the later of `min_hold`'s end and
     /// [`keep_after`](Self::keep_after)'s.
     pub(crate) fn kept_until(&self) -> Option<Instant> {
+        if self.unkept.load(Ordering::Acquire) {
+            return None;
+        }
         self.keep_until.max(self.kept_after.get().copied())
+    }
+
+    /// Whatever releases this lease from now on frees the lock at once, `min_hold` or not:
+    /// for a lock taken by an acquisition that failed before any body ran.
+    pub(crate) fn forgo_keep(&self) {
+        self.unkept.store(true, Ordering::Release);
     }
 
     /// Ends the lease because the locker shuts down or its runtime is gone: nothing renews it

@@ -19,7 +19,7 @@
 //! | `lockrt_local_handoffs_total` | counter | locks passed to the next holder inside the process (`LockerBuilder::local_handoff`) |
 //! | `lockrt_held` | gauge | locks held now, by `kind` |
 //! | `lockrt_waiting` | gauge | callers waiting for a busy lock now |
-//! | `lockrt_job_ticks_given_up_total` | counter | ticks of [`every`](crate::every) given up by this instance: the claim still held by a run that did not finish (a runner that died with a lease longer than the tick, or one overrunning) when the next tick ended |
+//! | `lockrt_job_ticks_given_up_total` | counter | ticks of [`every`](crate::every) this instance found run by nobody: the claim still held by a run that did not finish (a runner that died with a lease longer than the tick, or one overrunning) when the next tick ended, or a tick skipped here while busy (a late or overrunning run) that no other instance took |
 
 use std::time::Duration;
 

@@ -107,14 +107,17 @@ local function extend_share(t, lease, S, SI)
   return true
 end
 
--- Drops holders whose lease ran out (at most 64 per call: more counts as held, never as free)
--- and returns how many remain.
+-- Drops holders whose lease ran out (at most 1,024 per call, 64 at a time: more counts as
+-- held, never as free) and returns how many remain.
 local function live_shared()
-  local gone = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', string.format('%.0f', now_ms()),
-    'LIMIT', 0, 64)
-  for _, t in ipairs(gone) do
-    redis.call('ZREM', KEYS[6], t)
-    redis.call('HDEL', KEYS[7], t)
+  for _ = 1, 16 do
+    local gone = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', string.format('%.0f', now_ms()),
+      'LIMIT', 0, 64)
+    for _, t in ipairs(gone) do
+      redis.call('ZREM', KEYS[6], t)
+      redis.call('HDEL', KEYS[7], t)
+    end
+    if #gone < 64 then break end
   end
   local n = redis.call('ZCARD', KEYS[6])
   if n == 0 then redis.call('DEL', KEYS[6], KEYS[7]) end
