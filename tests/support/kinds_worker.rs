@@ -298,9 +298,15 @@ impl Caller {
             opts = opts.min_hold(m);
         }
         let nest = mix && kind != Kind::Multi && rng.chance(25);
-        if mix && rng.chance(3) {
+        if let (true, Some(ev)) = (rng.chance(3), &self.events) {
             let victim = if rng.chance(50) { RW_KEY } else { SEM_KEY };
+            let sent = mono_ns();
             let _ = self.locker.force_unlock(victim).await;
+            ev.write(format!(
+                "F {} {victim} {sent} {}",
+                std::process::id(),
+                mono_ns()
+            ));
             tally.bump("forced");
         }
         let cancel = (rng.chance(25) && self.cancel).then(|| rng.ms(0, 1_200));
@@ -344,10 +350,23 @@ impl Caller {
             };
             // `wait` (a `try_acquire` ignores it) plus one connect and one response timeout;
             // the retry window and scheduling on a loaded machine on top.
-            let wait = if style == 2 { Duration::ZERO } else { wait };
+            let wait = if style == 2 && kind != Kind::Multi {
+                Duration::ZERO
+            } else {
+                wait
+            };
             let allowed = wait.max(ms(100)) + CONNECT + self.response + ms(400);
             if until != 0 && until - start > allowed.as_nanos() as u64 {
-                ev.write(format!("B {pid} {start} {until} {}", allowed.as_nanos()));
+                let how = format!(
+                    "{kind}/style{style}/wait{}ms/response{}ms/{}",
+                    wait.as_millis(),
+                    self.response.as_millis(),
+                    verdict(&res).replace(' ', "_")
+                );
+                ev.write(format!(
+                    "B {pid} {start} {until} {} {how}",
+                    allowed.as_nanos()
+                ));
             }
         }
         match res {

@@ -13,6 +13,8 @@
 //! - `J <pid> <tick ms> <fence> <start ns> <end ns>`: a finished run of the `every()` job.
 //!   At most one finished run per tick and no two runs at once, unless a stall or a fault of
 //!   the first runner's worker explains it (the documented at-least-once instant).
+//! - `F <pid> <key> <sent ns> <done ns>`: a forced unlock of `key`; it ends a `min_hold`
+//!   early, as it ends any lock.
 //! - `L <pid> <key>`: a lock of this worker's locker still held after its `shutdown()`
 //!   returned. Always a violation.
 //!
@@ -29,6 +31,9 @@ use std::sync::{Arc, Mutex};
 
 use super::history::{Section, Stall};
 use super::kinds::Kind;
+
+/// The lock key of the read-write key (the key `min_hold` writers take).
+const RW_LOCK: &str = "kinds:rw";
 
 /// Where a worker appends its events.
 #[derive(Clone)]
@@ -162,6 +167,14 @@ pub fn check(
     /// Scheduling and clock allowance between a kept lock's end and the next section's start.
     const SLACK_NS: u64 = 30_000_000;
     let mut r = Report::default();
+    // Forced unlocks of the read-write key: (sent, done).
+    let forced: Vec<(u64, u64)> = lines
+        .iter()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&"F") && f[2] == RW_LOCK).then(|| (num(f[3]), num(f[4])))
+        })
+        .collect();
     for s in sections {
         let fences = std::iter::once(s.fence).chain(s.keys.iter().map(|k| k.fence));
         if let Some(f) = fences.into_iter().find(|&f| f >= 1 << 53) {
@@ -182,6 +195,12 @@ pub fn check(
                     continue;
                 };
                 let until = s.acquired + hold.saturating_sub(SLACK_NS);
+                if forced
+                    .iter()
+                    .any(|&(sent, _)| sent < until && sent + SLACK_NS > s.acquired)
+                {
+                    continue;
+                }
                 for o in sections
                     .iter()
                     .filter(|o| on_rw(o) && o.acquired > s.acquired)
@@ -209,9 +228,10 @@ pub fn check(
                 let (pid, from, to) = (num(f[1]) as u32, num(f[2]), num(f[3]));
                 if !disturbed(pid, from, to, stalls, &[]) {
                     r.over_bound_unexcused.push(format!(
-                        "pid {pid}: {:.0} ms, bound {:.0} ms",
+                        "pid {pid}: {:.0} ms, bound {:.0} ms ({})",
                         (to - from) as f64 / 1e6,
-                        num(f[4]) as f64 / 1e6
+                        num(f[4]) as f64 / 1e6,
+                        f.get(5).unwrap_or(&"")
                     ));
                 }
             }
@@ -221,6 +241,7 @@ pub fn check(
                 runs.entry(num(f[2])).or_default().push(run);
             }
             Some("L") => r.left_after_shutdown.push(line.clone()),
+            Some("F") => {}
             _ => panic!("bad mix record {line:?}"),
         }
     }

@@ -104,7 +104,7 @@ pub(super) fn check_keys(r: &mut Report, sections: &[Section], ex: &Excuses, st:
         let on: Vec<&Section> = on.iter().collect();
         let mut k = Report::default();
         rw_overlaps(&mut k, &on, ex);
-        rw_fences(&mut k, &on);
+        rw_fences(&mut k, &on, ex);
         lost_updates(&mut k, &on, ex);
         let tag = |v: Vec<String>| v.into_iter().map(move |l| format!("key {key}: {l}"));
         r.overlaps.extend(tag(k.overlaps));
