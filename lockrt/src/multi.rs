@@ -167,7 +167,10 @@ impl Locker {
     /// single acquire: refused once closing, its compensation waited for by `shutdown`).
     async fn take_all(&self, keys: &[String], opts: LockOptions) -> Result<MultiGuard, LockError> {
         exclusive_only(keys, opts)?;
-        self.gated(self.take_all_now(keys, opts), MultiGuard::is_lost)
+        // Boxed: the one-by-one path nests every step of a single acquire, and without the
+        // box an `async fn` holding a multi-key section (the attribute's `keys = [..]`)
+        // overflows rustc's layout depth limit.
+        self.gated(Box::pin(self.take_all_now(keys, opts)), MultiGuard::is_lost)
             .await
     }
 
