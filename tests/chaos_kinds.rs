@@ -71,9 +71,10 @@ fn chaos_kinds_restart_without_persistence() {
 }
 
 /// The interaction generator, short, for every `cargo test`: one seed, 3 workers, 5 s. Besides
-/// the kinds, each worker draws `min_hold` for writers, nested calls inside `run` (the same
-/// key again; `run_all` inside a read or permit section, which must be refused), forced
-/// unlocks of the shared keys, runs an `every()` job, and shuts its locker down at the end;
+/// the kinds, each worker draws `min_hold` for writers, `max_hold`, `on_lost = continue`,
+/// nested calls inside `run` (the same key again; `run_all` inside a read or permit section,
+/// which must be refused), forced unlocks of the shared keys, runs an `every()` job, and shuts
+/// its locker down at the end (the first worker at 70% of the run, its callers still calling);
 /// the schedule adds requests held up on one connection and delivered after later ones
 /// (reordered across connections) to the proxy faults and SIGSTOPs. `support::mix` checks
 /// what the kinds checker does not: `min_hold` honoured, nested calls, every call within its
@@ -266,6 +267,11 @@ fn spawn_workers(
             if let Some(direct) = &direct {
                 settings.push(("events", file(i, "mix").display().to_string()));
                 settings.push(("direct", direct.clone()));
+                if i == 0 {
+                    // This one's locker shuts down mid-run, its callers still calling.
+                    let at = secs.as_millis() * 7 / 10;
+                    settings.push(("shutdown_ms", at.to_string()));
+                }
             }
             Worker::spawn("worker", &settings, file(i, "out"))
         })

@@ -429,8 +429,9 @@ async fn c11_fences_are_exact_where_a_lua_fenced_write_compares_them() {
     );
 }
 
-/// Rule: state per job, not per tick. `every()` with a 50 ms tick for 3 s (60 ticks): the job
-/// leaves a fixed number of claim keys and fencing counters on the server, not one per tick.
+/// Rule: state per job, not per tick. `every()` with a 50 ms tick for 3 s (60 ticks): every
+/// claim and fencing counter the job leaves is one of its fixed claim slots (64 ticks plus ten
+/// minutes' worth, whatever the job's other settings), not a key per tick start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c07_every_keeps_state_per_job_not_per_tick() {
     let server = RedisServer::start().expect("start redis-server");
@@ -442,6 +443,7 @@ async fn c07_every_keeps_state_per_job_not_per_tick() {
         lockrt::every(&l, "j7", ms(50), opts, |_| async {}).await
     });
     let mut counters = Vec::new();
+    let slots = 64 + 600_000 / 50 + 2;
     for _ in 0..3 {
         tokio::time::sleep(ms(1_000)).await;
         let keys: Vec<String> = redis::cmd("KEYS")
@@ -449,17 +451,22 @@ async fn c07_every_keeps_state_per_job_not_per_tick() {
             .query_async(&mut direct)
             .await
             .unwrap();
+        for k in &keys {
+            let slot: u64 = k
+                .strip_prefix("{lock:j7:tick:")
+                .and_then(|r| r.strip_suffix("}:fence"))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{k} is not a claim slot's counter"));
+            assert!(slot < slots, "{k}: slot {slot} of {slots}");
+        }
         counters.push(keys.len());
     }
     locker.shutdown().await;
     job.await.unwrap().unwrap();
-    println!("FIGURE every_state: fencing counters of a 50 ms job after 1, 2, 3 s: {counters:?}");
-    // The claim slots of this job: (2 ticks + max_hold + a tick + ttl + 1 s) / tick + 2.
-    let slots = (100 + 50 + 50 + 200 + 1_000) / 50 + 2;
-    assert!(
-        counters.iter().all(|&n| n <= slots),
-        "counters {counters:?}, at most {slots} claim slots"
+    println!(
+        "FIGURE every_state: claim-slot counters of a 50 ms job after 1, 2, 3 s: {counters:?} (at most {slots})"
     );
+    assert!(counters.iter().all(|&n| n <= slots as usize));
 }
 
 /// Rule: every check the docs promise "before any tick" is made before any tick. With a
@@ -678,5 +685,44 @@ both! {
         let g1 = other.try_acquire("g1", opts()).await.unwrap();
         assert!(g1.is_some(), "g1 kept by a failed acquire_all");
         busy.release().await.unwrap();
+    }
+}
+
+/// Review of issue 27: the bound holds call after call. Against a stopped server (SIGSTOP),
+/// eight `acquire` and eight `try_acquire` calls in a row each return within `wait` (at least
+/// 100 ms) + one connect + one response timeout: background work of the calls before (their
+/// compensations, reconnects) does not queue ahead of the next call's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c05_calls_in_a_row_against_a_stopped_server_keep_their_bound() {
+    let server = RedisServer::start().expect("start redis-server");
+    let (connect, response, wait) = (ms(300), ms(300), ms(300));
+    let locker = Locker::builder()
+        .url(server.url())
+        .connect_timeout(connect)
+        .response_timeout(response)
+        .build()
+        .await
+        .unwrap();
+    server.pause().expect("SIGSTOP redis-server");
+    let mut took = Vec::new();
+    for i in 0..16 {
+        let started = Instant::now();
+        let res = if i % 2 == 0 {
+            locker.acquire("stopped", opts().wait(wait)).await.map(drop)
+        } else {
+            locker.try_acquire("stopped", opts()).await.map(drop)
+        };
+        assert!(res.is_err(), "call {i} against a stopped server: {res:?}");
+        took.push(started.elapsed());
+    }
+    server.resume().expect("SIGCONT redis-server");
+    println!(
+        "FIGURE stopped_server_calls: {:?}",
+        took.iter().map(|d| d.as_millis()).collect::<Vec<_>>()
+    );
+    for (i, d) in took.iter().enumerate() {
+        let w = if i % 2 == 0 { wait } else { ms(100) };
+        let bound = w + connect + response;
+        assert!(*d < bound + ms(200), "call {i}: {d:?}, bound {bound:?}");
     }
 }

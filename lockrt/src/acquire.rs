@@ -91,16 +91,54 @@ impl Locker {
     /// ```
     pub async fn acquire(&self, key: &str, opts: LockOptions) -> Result<LockGuard, LockError> {
         let terms = opts.resolve(&self.defaults());
-        self.unless_shut_down(Acquisition::new(self, key, terms)?.run())
+        let bound = self.call_bound(terms.wait);
+        self.unless_shut_down(bound, Acquisition::new(self, key, terms)?.run())
             .await
     }
 
-    /// `acquisition`, cancelled (with its compensation) when the locker shuts down.
+    /// When a call that waits up to `wait` must have returned: `wait` (at least the retry
+    /// window) plus one connect and one response timeout, from now; `None` without a limit.
+    pub(crate) fn call_bound(&self, wait: Wait) -> Option<Instant> {
+        match wait {
+            Wait::For(d) => {
+                Some(Instant::now() + d.max(MIN_RETRY_WINDOW) + self.inner.settings.shutdown_bound)
+            }
+            Wait::Forever => None,
+        }
+    }
+
+    /// `acquisition`, cancelled (with its compensation) when the locker shuts down, and cut
+    /// short at `bound` (the call's promise, whatever queues ahead of it on the connection).
     async fn unless_shut_down(
         &self,
+        bound: Option<Instant>,
         acquisition: impl Future<Output = Result<LockGuard, LockError>>,
     ) -> Result<LockGuard, LockError> {
-        self.gated(acquisition, LockGuard::is_lost).await
+        // Boxed: the acquisition is the largest future of a section, and a section nested in
+        // another (`run` in `run`, `run_all` in `run`) would otherwise carry it inline, deep
+        // enough to overflow a thread's stack in a debug build.
+        let acquisition = Box::pin(acquisition);
+        let bounded = async {
+            match within(bound, acquisition).await {
+                Some(res) => res,
+                None => Err(self.unanswered("the acquire")),
+            }
+        };
+        self.gated(bounded, LockGuard::is_lost).await
+    }
+
+    /// The error of a call that found no answer to `what` within its bound.
+    pub(crate) fn unanswered(&self, what: &str) -> LockError {
+        let e = BackendError::new(
+            self.backend().addr(),
+            format!(
+                "no answer to {what} within the call's wait plus one connect and one response \
+                 timeout"
+            ),
+        );
+        LockError::Backend(e.with_hint(
+            "check that the server is up and reachable; nothing of this call stays taken",
+        ))
     }
 
     /// The gate every path that sends an acquire on behalf of this locker passes: refused once
@@ -153,8 +191,9 @@ impl Locker {
             wait: Wait::For(Duration::ZERO),
             ..opts.resolve(&self.defaults())
         };
+        let bound = self.call_bound(terms.wait);
         let once = Acquisition::new(self, key, terms)?;
-        match self.unless_shut_down(once.run()).await {
+        match self.unless_shut_down(bound, once.run()).await {
             Ok(g) => Ok(Some(g)),
             // Busy, also when the holder is this very task.
             Err(LockError::Timeout { .. } | LockError::HeldByThisTask { .. }) => Ok(None),

@@ -39,6 +39,8 @@ enum Turn {
     Ran,
     /// Another instance took the tick.
     Elsewhere,
+    /// Another instance runs the tick still, past its end: looked at again later.
+    Running,
     /// The tick was ours, but the previous run held the job past the tick's end.
     Overrun,
     /// The job was cancelled when its lock was lost (or `max_hold` ran out).
@@ -130,6 +132,9 @@ where
     let slots = check(locker, name, tick, &opts)?;
     let tick_ms = tick.as_millis().max(1);
     let mut start = next_tick(now_ms(), tick_ms);
+    // Ticks left to a run going on elsewhere past their end: looked at again later, so that
+    // one whose runner then dies (or is stopped) unfinished is not lost silently.
+    let mut running: Vec<u128> = Vec::new();
     loop {
         tokio::select! {
             biased;
@@ -139,10 +144,12 @@ where
         let claim = claim_key(name, start / tick_ms % slots);
         let turn = take_turn(locker, name, &claim, start, tick_ms, opts, &mut job).await;
         match turn {
+            Ok(Turn::Running) if running.len() < MAX_WATCHED => running.push(start),
             Ok(turn) => log_turn(name, start, turn),
             Err(LockError::ShutDown) => return Ok(()),
             Err(e) => return Err(e),
         }
+        watch(locker, name, &mut running, tick_ms, slots).await;
         // The next tick, or the one now under way when this turn took longer (a run that
         // overran, a late run): that one is claimed late, and the ticks in between are not
         // made up for; one that no instance ran is reported.
@@ -150,6 +157,42 @@ where
         skipped(locker, name, (start + tick_ms, next), tick_ms, slots).await;
         start = next;
     }
+}
+
+/// Most ticks left to runs going on elsewhere that are looked at again.
+const MAX_WATCHED: usize = 8;
+
+/// Looks again at the ticks in `running` (left to a run going on elsewhere past their end):
+/// finished ones are forgotten; one whose claim is gone without a finished run's mark, once
+/// no instance may take it over any more (the next tick ended), was run by nobody (its runner
+/// died or was stopped after the others stopped waiting): reported.
+async fn watch(locker: &Locker, name: &str, running: &mut Vec<u128>, tick_ms: u128, slots: u128) {
+    let mut kept = Vec::with_capacity(running.len());
+    for &tick in running.iter() {
+        let claim = claim_key(name, tick / tick_ms % slots);
+        let now = now_ms();
+        match locker.lock_info(&claim).await {
+            Ok(Some(info)) if info.released => {
+                let acquired = info.holder.as_ref().map_or(0, |h| h.acquired_at_ms);
+                if u128::from(acquired) + tick_ms < tick {
+                    log_turn(name, tick, Turn::RunByNobody);
+                }
+            }
+            // Still running: looked at again while its claim can live.
+            Ok(Some(_)) if now < tick + (slots - 2) * tick_ms => kept.push(tick),
+            Ok(Some(_)) => tracing::warn!(
+                job = name,
+                tick = tick as u64,
+                "tick still held by a run past its claim's longest life; not known whether it finishes"
+            ),
+            // Gone unfinished, but another instance may still take it over.
+            Ok(None) if now < tick + 2 * tick_ms => kept.push(tick),
+            Ok(None) => log_turn(name, tick, Turn::RunByNobody),
+            // The server can't say now: looked at again next time.
+            Err(_) => kept.push(tick),
+        }
+    }
+    *running = kept;
 }
 
 /// Most ticks skipped in a row that are looked at one by one.
@@ -234,22 +277,45 @@ fn check(
         ));
     }
     locker.redis_key(name)?;
+    let tick_ms = tick.as_millis().max(1);
+    let slots = slots(tick_ms);
+    // A tick's claim must be gone before the tick that reuses its slot starts.
     let ttl = opts.ttl.unwrap_or(locker.defaults().ttl);
-    let slots = slots(tick.as_millis().max(1), ttl, opts.max_hold.unwrap_or(tick));
+    let life = claim_life(tick_ms, ttl, opts.max_hold.unwrap_or(tick));
+    if life > (slots - 2) * tick_ms {
+        return Err(LockError::Config(format!(
+            "every(): `max_hold` plus `ttl` too long for a tick of {tick:?}: a tick's claim \
+             would outlive the job's {} claim slots; keep max_hold + ttl + max(tick, 1 s) \
+             within {} ticks + {} min",
+            slots - 2,
+            SLOT_TICKS - 3,
+            SLOT_SPAN.as_secs() / 60
+        )));
+    }
     // The longest claim key there will be.
     locker.redis_key(&claim_key(name, slots - 1))?;
     Ok(slots)
 }
 
-/// How many claim keys a job cycles through. A tick's claim is gone within `life` of the
-/// tick's start: claimed until the tick ends, waited for until the next one ends, held by the
-/// run (bounded by the claim's `max_hold`, or its lease when the runner died), then kept as
-/// the finished tick's mark for a tick (at least a second). Two slots more, so that a clock
-/// ahead by less than a tick never meets the mark of the tick that used the slot before.
-fn slots(tick_ms: u128, ttl: Duration, run_max: Duration) -> u128 {
+/// Ticks and time a job's claim slots span (see [`slots`]).
+const SLOT_TICKS: u128 = 64;
+const SLOT_SPAN: Duration = Duration::from_secs(600);
+
+/// How many claim keys a job cycles through: a number of the tick alone, so that every
+/// instance of a job claims a tick on the same key whatever its other settings (a rolling
+/// deploy that changes `ttl` must not let two instances run one tick). 64 ticks plus ten
+/// minutes' worth; settings whose claims could live longer are refused (see [`claim_life`]).
+fn slots(tick_ms: u128) -> u128 {
+    SLOT_TICKS + SLOT_SPAN.as_millis().div_ceil(tick_ms) + 2
+}
+
+/// How long past a tick's start its claim may live: claimed until the tick ends, waited for
+/// until the next one ends, held by the run (bounded by the claim's `max_hold`, or its lease
+/// when the runner died), then kept as the finished tick's mark for a tick (at least a
+/// second).
+fn claim_life(tick_ms: u128, ttl: Duration, run_max: Duration) -> u128 {
     let keep = tick_ms.max(KEEP_PAST_END.as_millis());
-    let life = 2 * tick_ms + run_max.as_millis() + tick_ms + ttl.as_millis() + keep;
-    life.div_ceil(tick_ms) + 2
+    3 * tick_ms + run_max.as_millis() + ttl.as_millis() + keep
 }
 
 /// The claim key of slot `slot`.
@@ -286,6 +352,7 @@ where
     let (claim, late) = match claim_tick(locker, claim_key, start, tick_ms, claim_opts).await {
         Ok(Claim::Ours { guard, late }) => (guard, late),
         Ok(Claim::Elsewhere) => return Ok(Turn::Elsewhere),
+        Ok(Claim::Running) => return Ok(Turn::Running),
         Ok(Claim::GivenUp) => return Ok(Turn::GivenUp),
         Ok(Claim::TooLate) => return Ok(Turn::TooLate),
         Err(LockError::Backend(e)) => {
@@ -299,7 +366,8 @@ where
             job = name,
             tick = start as u64,
             late_ms = duration_ms(now_ms().saturating_sub(end)),
-            "tick runs late here: its runner did not finish it (it died) and its lease ran out"
+            "tick runs late here: the run that had it did not finish (its runner died or was \
+             stopped, or its run could not start in time) and its claim came free"
         );
     }
     // A late run may wait for the job's lock until the next tick ends (the dead runner's
@@ -358,8 +426,10 @@ enum Claim {
         guard: crate::guard::LockGuard,
         late: bool,
     },
-    /// Another instance finished the tick, or runs it.
+    /// Another instance finished the tick.
     Elsewhere,
+    /// Another instance runs it still, past the tick's end (it renewed the claim since).
+    Running,
     /// Still held by a run that did not finish when the next tick ended.
     GivenUp,
     /// Claimed only after a finished run's mark would have expired.
@@ -425,7 +495,7 @@ async fn claim_tick(
                 // runner lives and finishes the tick. Otherwise wait until its lease ends.
                 let ends = now + info.remaining.map_or(tick_ms, |r| r.as_millis());
                 if expiry.is_some_and(|e| ends > e + RENEWED_BY) {
-                    return Ok(Claim::Elsewhere);
+                    return Ok(Claim::Running);
                 }
                 if now >= give_up {
                     return Ok(Claim::GivenUp);
@@ -466,6 +536,7 @@ fn log_turn(name: &str, start: u128, turn: Turn) {
     match turn {
         Turn::Ran => tracing::debug!(job = name, tick, "job ran"),
         Turn::Elsewhere => tracing::trace!(job = name, tick, "job ran on another instance"),
+        Turn::Running => tracing::trace!(job = name, tick, "job runs on another instance"),
         Turn::Overrun => tracing::warn!(
             job = name,
             tick,
@@ -545,6 +616,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn claim_slots_depend_on_the_tick_alone_and_outlive_every_accepted_claim() {
+        assert_eq!(slots(1_000), 64 + 600 + 2);
+        assert_eq!(slots(60_000), 64 + 10 + 2);
+        assert_eq!(slots(10), 64 + 60_000 + 2);
+        // The default ttl (30 s) with max_hold of a tick fits every tick.
+        for tick in [10, 250, 1_000, 60_000, 3_600_000] {
+            let life = claim_life(
+                tick,
+                Duration::from_secs(30),
+                Duration::from_millis(tick as u64),
+            );
+            assert!(life <= (slots(tick) - 2) * tick, "tick {tick} ms");
+        }
+    }
+
+    #[test]
     fn ticks_start_at_multiples_of_the_tick() {
         assert_eq!(next_tick(0, 1000), 0);
         assert_eq!(next_tick(1, 1000), 1000);
@@ -562,6 +649,8 @@ mod tests {
             (LockOptions::new().wait(ms(5)), ms(100)),
             (LockOptions::new().min_hold(ms(5)), ms(100)),
             (LockOptions::new().read(), ms(100)),
+            // A claim that could outlive the job's slots: 64 ticks + 10 min.
+            (LockOptions::new().max_hold(ms(700_000)), ms(100)),
             (LockOptions::new().permits(3), ms(100)),
             (LockOptions::new(), ms(5)),
             (

@@ -187,7 +187,7 @@ impl Locker {
             Wait::For(d) => Some(Instant::now() + d),
             Wait::Forever => None,
         };
-        let bound = deadline.map(|d| d + self.inner.settings.shutdown_bound);
+        let bound = self.call_bound(wait);
         // One call when all are free and share a slot; else one by one, waiting as needed.
         match within(bound, crate::acquire::take_at_once(self, keys, opts)).await {
             Some(Some(guards)) => return Ok(MultiGuard { guards }),
@@ -222,19 +222,6 @@ impl Locker {
             return Err(self.give_back(guards, bound, e).await);
         }
         Ok(MultiGuard { guards })
-    }
-
-    /// The error of a call that found no answer to `what` within its bound.
-    fn unanswered(&self, what: &str) -> LockError {
-        let e = crate::error::BackendError::new(
-            self.backend().addr(),
-            format!(
-                "no answer to {what} within the call's wait plus one connect and one response timeout"
-            ),
-        );
-        LockError::Backend(e.with_hint(
-            "check that the server is up and reachable; nothing of this call stays taken",
-        ))
     }
 
     /// All or none: the keys taken go back before the caller hears of `e`, but not past the

@@ -59,6 +59,15 @@ pub(crate) fn main() {
     let tallies = rt.block_on(async {
         let (locker, response) = connect(&url, &mut Rng::new(seed)).await;
         let end = tokio::time::Instant::now() + run_for;
+        // One worker of the generator shuts its locker down while its callers run (the
+        // others at the end): sections in flight see `Lost`, later calls `ShutDown`.
+        if let (Some(at), true) = (cfg.get("shutdown_ms"), events.is_some()) {
+            let (locker, at) = (locker.clone(), ms(at.parse().unwrap()));
+            tokio::spawn(async move {
+                tokio::time::sleep(at).await;
+                locker.shutdown().await;
+            });
+        }
         let job = events
             .clone()
             .map(|ev| tokio::spawn(job(locker.clone(), ev)));
@@ -199,11 +208,23 @@ async fn left_behind(locker: &Locker, direct: &str, ev: &Events) {
     };
     let mine = locker.instance_id().to_string();
     let held = reader.locks("kinds:*").await.unwrap_or_default();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
     for info in held.iter().filter(|i| !i.released) {
-        let holders =
-            (info.holder.iter()).chain(info.shared.iter().filter_map(|s| s.holder.as_ref()));
-        if holders.into_iter().any(|h| h.instance_id == mine) {
-            ev.write(format!("L {} {}", std::process::id(), info.key));
+        let lock =
+            (info.holder.iter()).map(|h| (h, info.remaining.unwrap_or_default(), info.fence));
+        let shares =
+            (info.shared.iter()).filter_map(|s| Some((s.holder.as_ref()?, s.remaining, s.fence)));
+        for (h, left, fence) in lock.chain(shares).filter(|(h, ..)| h.instance_id == mine) {
+            ev.write(format!(
+                "L {} {} fence={fence:?} left={}ms taken={}ms_ago",
+                std::process::id(),
+                info.key,
+                left.as_millis(),
+                wall.saturating_sub(h.acquired_at_ms)
+            ));
         }
     }
     reader.shutdown().await;
@@ -298,6 +319,17 @@ impl Caller {
             opts = opts.min_hold(m);
         }
         let nest = mix && kind != Kind::Multi && rng.chance(25);
+        // `max_hold` cuts a section short (`Lost`); `on_lost = continue` lets a `run` body
+        // finish after a loss, then reports it.
+        if mix && rng.chance(10) {
+            opts = opts.max_hold(rng.ms(50, 800));
+        }
+        // Readers and permit holders only: a writer running on after a loss would write the
+        // oracle's counter unfenced, and its late write would read as another's lost update.
+        let go_on = mix && matches!(kind, Kind::Read | Kind::Permits(_)) && rng.chance(10);
+        if go_on {
+            opts = opts.on_lost(lockrt::OnLost::Continue);
+        }
         if let (true, Some(ev)) = (rng.chance(3), &self.events) {
             let victim = if rng.chance(50) { RW_KEY } else { SEM_KEY };
             let sent = mono_ns();
@@ -309,8 +341,10 @@ impl Caller {
             ));
             tally.bump("forced");
         }
-        let cancel = (rng.chance(25) && self.cancel).then(|| rng.ms(0, 1_200));
-        let style = if nest { 0 } else { rng.range(0, 2) };
+        // Not a body that runs on after a loss: its caller must hear the `Lost` at the end,
+        // or nobody could tell its overlap from a broken lock.
+        let cancel = (rng.chance(25) && self.cancel && !go_on).then(|| rng.ms(0, 1_200));
+        let style = if nest || go_on { 0 } else { rng.range(0, 2) };
         let key = if kind == Kind::Permits(PERMITS) {
             SEM_KEY
         } else {
@@ -374,6 +408,9 @@ impl Caller {
             Ok(Err(e)) if e.is_timeout() => tally.bump("timeout"),
             Ok(Err(e)) if e.is_lost() => tally.bump("lost"),
             Ok(Err(e)) if e.is_backend() => tally.bump("backend"),
+            Ok(Err(lockrt::LockError::ShutDown)) if self.events.is_some() => {
+                tally.bump("shut_down")
+            }
             Ok(Err(e)) => panic!("unexpected error: {e:?}"),
             Err(_) if cancel.is_some() => tally.bump("cancelled"),
             Err(_) => panic!("a call did not finish within {bound:?} ({kind}, ttl {ttl:?})"),
@@ -594,7 +631,9 @@ async fn nested(locker: &Locker, key: &str, kind: Kind, fence: u64, ev: &Events)
         Kind::Read | Kind::Permits(_) => {
             let keys = [key.to_owned(), format!("kinds:{}", MULTI_KEYS[3])];
             match locker.run_all(keys, now, async {}).await {
-                Err(lockrt::LockError::KindConflict { .. }) => "ok".to_owned(),
+                Err(lockrt::LockError::KindConflict { .. } | lockrt::LockError::ShutDown) => {
+                    "ok".to_owned()
+                }
                 Err(e) if e.is_lost() => "ok".to_owned(),
                 other => format!("BAD:multi-key-inside-{kind}:{other:?}"),
             }
@@ -604,7 +643,7 @@ async fn nested(locker: &Locker, key: &str, kind: Kind, fence: u64, ev: &Events)
             })
             .await
         {
-            Ok(()) => "ok".to_owned(),
+            Ok(()) | Err(lockrt::LockError::ShutDown) => "ok".to_owned(),
             Err(e) if e.is_lost() => "ok".to_owned(),
             Err(e) => format!("BAD:read-inside-write:{e:?}"),
         },
