@@ -55,6 +55,13 @@ pub(crate) fn main() {
     // The interaction generator: options, nesting, forced unlocks, an `every()` job, and a
     // `shutdown()` at the end, each recorded for `support::mix`.
     let events = cfg.get("events").map(|p| Events::create(p.as_ref()));
+    if let Ok(filter) = std::env::var("LOCKRT_CHAOS_LOG") {
+        // Diagnosis: the worker's log on its stderr (`*.out`), e.g. `lockrt=debug`.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let (url, oracle_url, ns) = (get("url"), get("oracle"), get("ns"));
     let tallies = rt.block_on(async {
         let (locker, response) = connect(&url, &mut Rng::new(seed)).await;
