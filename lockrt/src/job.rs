@@ -94,7 +94,10 @@ enum Turn {
 ///
 /// `opts` gives `ttl`, `max_hold`, `watchdog`. Errors, before any tick: `wait` or `min_hold`
 /// given (set per tick), `on_lost = continue` (a run whose lock is lost is always cancelled,
-/// or it could overlap the next), a `tick` under 10 ms, an invalid `name`.
+/// or it could overlap the next), `read()` or `permits(n)` (shared claims would let every
+/// instance run every tick), a `tick` under 10 ms, `max_hold` + `ttl` + max(tick, 1 s) beyond
+/// 61 ticks + 10 minutes (a claim would outlive the job's claim slots), a `name` too long for
+/// any of its claim keys.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
