@@ -100,9 +100,10 @@ impl Locker {
     /// window) plus one connect and one response timeout, from now; `None` without a limit.
     pub(crate) fn call_bound(&self, wait: Wait) -> Option<Instant> {
         match wait {
-            Wait::For(d) => {
-                Some(Instant::now() + d.max(MIN_RETRY_WINDOW) + self.inner.settings.shutdown_bound)
-            }
+            // A wait too long to add to a clock is no limit.
+            Wait::For(d) => Instant::now()
+                .checked_add(d.max(MIN_RETRY_WINDOW))?
+                .checked_add(self.inner.settings.shutdown_bound),
             Wait::Forever => None,
         }
     }

@@ -184,7 +184,7 @@ impl Locker {
         // plus one connect and one response timeout, whatever the server does.
         let wait = opts.wait.unwrap_or(self.defaults().wait);
         let deadline = match wait {
-            Wait::For(d) => Some(Instant::now() + d),
+            Wait::For(d) => Instant::now().checked_add(d),
             Wait::Forever => None,
         };
         let bound = self.call_bound(wait);
