@@ -144,7 +144,7 @@ where
             () = locker.inner.closing.cancelled() => return Ok(()),
             () = sleep_until_ms(start) => {}
         }
-        let claim = claim_key(name, start / tick_ms % slots);
+        let claim = claim_of(name, start, tick_ms, slots);
         let turn = take_turn(locker, name, &claim, start, tick_ms, opts, &mut job).await;
         match turn {
             Ok(Turn::Running) if running.len() < MAX_WATCHED => running.push(start),
@@ -172,12 +172,11 @@ const MAX_WATCHED: usize = 8;
 async fn watch(locker: &Locker, name: &str, running: &mut Vec<u128>, tick_ms: u128, slots: u128) {
     let mut kept = Vec::with_capacity(running.len());
     for &tick in running.iter() {
-        let claim = claim_key(name, tick / tick_ms % slots);
+        let claim = claim_of(name, tick, tick_ms, slots);
         let now = now_ms();
         match locker.lock_info(&claim).await {
             Ok(Some(info)) if info.released => {
-                let acquired = info.holder.as_ref().map_or(0, |h| h.acquired_at_ms);
-                if u128::from(acquired) + tick_ms < tick {
+                if !marks(&info, tick, tick_ms) {
                     log_turn(name, tick, Turn::RunByNobody);
                 }
             }
@@ -227,12 +226,10 @@ async fn skipped(
             return;
         }
         looked += 1;
-        let claim = claim_key(name, tick / tick_ms % slots);
+        let claim = claim_of(name, tick, tick_ms, slots);
         let ran = match locker.lock_info(&claim).await {
-            Ok(Some(info)) => {
-                let acquired = info.holder.as_ref().map_or(0, |h| h.acquired_at_ms);
-                !info.released || u128::from(acquired) + tick_ms >= tick
-            }
+            // A run going on, or this tick's finished run's mark.
+            Ok(Some(info)) => !info.released || marks(&info, tick, tick_ms),
             Ok(None) => false,
             // The server can't say: the ticks are not judged.
             Err(_) => return,
@@ -324,6 +321,18 @@ fn claim_life(tick_ms: u128, ttl: Duration, run_max: Duration) -> u128 {
 /// The claim key of slot `slot`.
 fn claim_key(name: &str, slot: u128) -> String {
     format!("{name}:tick:{slot}")
+}
+
+/// The claim key of the tick starting at `tick` (Unix ms).
+fn claim_of(name: &str, tick: u128, tick_ms: u128, slots: u128) -> String {
+    claim_key(name, tick / tick_ms % slots)
+}
+
+/// Whether the released claim `info` is the mark of a finished run of the tick starting at
+/// `tick`, not of an older tick that used its slot before (taken a tick or more earlier).
+fn marks(info: &crate::inspect::LockInfo, tick: u128, tick_ms: u128) -> bool {
+    let acquired = info.holder.as_ref().map_or(0, |h| h.acquired_at_ms);
+    info.released && u128::from(acquired) + tick_ms >= tick
 }
 
 /// One tick: its claim, then the run under the job's lock. `Err` only for what ends
@@ -487,8 +496,7 @@ async fn claim_tick(
             Some(info) if info.released => {
                 // The mark of a run of this tick that finished; the mark of an older tick of
                 // this slot (a clock far ahead) is waited out.
-                let acquired = info.holder.as_ref().map_or(0, |h| h.acquired_at_ms);
-                if u128::from(acquired) + tick_ms >= start || now >= give_up {
+                if marks(&info, start, tick_ms) || now >= give_up {
                     return Ok(Claim::Elsewhere);
                 }
                 until = give_up.min(now + info.remaining.unwrap_or_default().as_millis() + 1);

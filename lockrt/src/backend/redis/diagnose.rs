@@ -54,12 +54,7 @@ fn moving(e: &RedisError) -> bool {
 fn classify(e: &RedisError, cluster: bool) -> (&'static str, bool) {
     let retry = !matches!(e.retry_method(), RetryMethod::NoRetry);
     match e.kind() {
-        ErrorKind::Server(
-            ServerErrorKind::Moved
-            | ServerErrorKind::Ask
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown,
-        ) if cluster => (
+        _ if cluster && moving(e) => (
             "the cluster is moving this slot or failing over: retry shortly (while a slot \
              migrates, a script that finds some of a lock's keys moved and others not gets \
              TRYAGAIN until the migration ends)",
