@@ -29,24 +29,9 @@ async fn c01_a_renewal_landing_after_a_kept_release_changes_nothing() {
     let server = RedisServer::start().expect("start redis-server");
     let proxy = FaultProxy::in_front_of(&server).expect("start proxy");
     let mut direct = direct(&server).await;
-    let locker = Locker::builder()
-        .url(proxy.url())
-        .response_timeout(ms(300))
-        .build()
-        .await
-        .unwrap();
-    // Listening for revocations, and the check of the leases once listening, are done before
-    // "kept" is taken, so the first request held below is its renewal.
-    let _warm = locker
-        .acquire("warm", opts().ttl(ms(30_000)))
-        .await
-        .unwrap();
-    support::until_listening_for_revocations(&mut direct, 1).await;
-    support::settle(
-        async || support::script_calls(&mut direct).await >= 2,
-        "the locker's acquire and its check once listening",
-    )
-    .await;
+    // Warmed up before "kept" is taken, so the first request held below is its renewal.
+    let builder = Locker::builder().response_timeout(ms(300));
+    let (locker, _warm) = warmed(&proxy, &mut direct, builder).await;
     let (ttl, min_hold) = (ms(1_200), ms(5_000));
     let acquired = Instant::now();
     let g = locker
@@ -87,31 +72,18 @@ async fn c01_a_renewal_landing_after_a_kept_release_changes_nothing() {
         acquired.elapsed() < ms(2_000),
         "released in time for the check"
     );
-    let held = proxy.counters();
-    proxy.deliver_held();
-    proxy
-        .wait_until(ms(3_000), |c| {
-            c.to_server >= held.to_server + held.requests_held
-        })
-        .await
-        .expect("the held requests reached the server");
+    deliver(&proxy).await;
     let pttl: i64 = direct.pttl("lock:kept").await.unwrap();
     let left = min_hold.saturating_sub(acquired.elapsed()).as_millis() as i64;
     assert!(
         pttl > left - 1_000 && pttl <= min_hold.as_millis() as i64,
         "after the late renewal the kept lock expires in {pttl} ms, {left} ms of min_hold left"
     );
-    let gone = tokio::time::timeout(ms(8_000), async {
-        loop {
-            let exists: bool = direct.exists("lock:kept").await.unwrap();
-            if !exists {
-                return acquired.elapsed();
-            }
-            tokio::time::sleep(ms(20)).await;
-        }
-    })
-    .await
-    .expect("the kept lock ends");
+    assert!(
+        support::until_gone(&mut direct, "lock:kept", ms(8_000)).await,
+        "the kept lock ends"
+    );
+    let gone = acquired.elapsed();
     assert!(
         gone >= min_hold - ms(50) && gone < min_hold + ms(600),
         "kept lock gone {gone:?} after the acquire, min_hold {min_hold:?}"
@@ -160,7 +132,30 @@ both! {
     }
 }
 
-/// A locker through `proxy` whose calls give up after `response`, with its subscriber
+/// Ends `proxy.hold_requests()` and waits until every held request reached the server.
+async fn deliver(proxy: &FaultProxy) {
+    let held = proxy.counters();
+    proxy.deliver_held();
+    proxy
+        .wait_until(ms(3_000), |c| {
+            c.to_server >= held.to_server + held.requests_held
+        })
+        .await
+        .expect("the held requests reached the server");
+}
+
+/// A locker on `url` whose connects and replies give up after `connect` and `response`.
+async fn with_timeouts(url: String, connect: Duration, response: Duration) -> Locker {
+    Locker::builder()
+        .url(url)
+        .connect_timeout(connect)
+        .response_timeout(response)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A locker through `proxy` built by `builder`, with its subscriber
 /// listening and its first checks done (so the next requests are the test's own).
 async fn warmed(
     proxy: &FaultProxy,
@@ -168,16 +163,7 @@ async fn warmed(
     builder: lockrt::LockerBuilder,
 ) -> (Locker, lockrt::LockGuard) {
     let locker = builder.url(proxy.url()).build().await.unwrap();
-    let warm = locker
-        .acquire("warm", opts().ttl(ms(30_000)))
-        .await
-        .unwrap();
-    support::until_listening_for_revocations(direct, 1).await;
-    support::settle(
-        async || support::script_calls(direct).await >= 2,
-        "the locker's acquire and its check once listening",
-    )
-    .await;
+    let warm = support::warm_up(&locker, direct).await;
     (locker, warm)
 }
 
@@ -213,14 +199,7 @@ async fn c03_acquire_all_in_flight_is_ended_by_shutdown() {
         matches!(res, Err(LockError::ShutDown)),
         "acquire_all across shutdown: {res:?}"
     );
-    let held = proxy.counters();
-    proxy.deliver_held();
-    proxy
-        .wait_until(ms(3_000), |c| {
-            c.to_server >= held.to_server + held.requests_held
-        })
-        .await
-        .expect("the held requests reached the server");
+    deliver(&proxy).await;
     for key in ["lock:s:a", "lock:s:b"] {
         let exists: bool = direct.exists(key).await.unwrap();
         assert!(
@@ -271,17 +250,10 @@ async fn c04_acquire_all_returns_within_its_bound_when_the_server_stops_answerin
         "acquire_all returned after {took:?}, bound {bound:?}"
     );
     proxy.pass();
-    let gone = tokio::time::timeout(ms(10_000), async {
-        loop {
-            let exists: bool = direct.exists("lock:t:a").await.unwrap();
-            if !exists {
-                return;
-            }
-            tokio::time::sleep(ms(20)).await;
-        }
-    })
-    .await;
-    assert!(gone.is_ok(), "the first key was not given back (ttl 30 s)");
+    assert!(
+        support::until_gone(&mut direct, "lock:t:a", ms(10_000)).await,
+        "the first key was not given back (ttl 30 s)"
+    );
     b.release().await.unwrap();
 }
 
@@ -293,13 +265,7 @@ async fn c04_acquire_all_returns_within_its_bound_when_the_server_stops_answerin
 async fn c05_a_local_successor_waits_for_the_hand_off_check_only_within_its_own_wait() {
     let server = RedisServer::start().expect("start redis-server");
     let (connect, response, wait) = (ms(500), ms(500), ms(300));
-    let locker = Locker::builder()
-        .url(server.url())
-        .connect_timeout(connect)
-        .response_timeout(response)
-        .build()
-        .await
-        .unwrap();
+    let locker = with_timeouts(server.url(), connect, response).await;
     let ttl = ms(10_000);
     let g = locker.acquire("passed", opts().ttl(ttl)).await.unwrap();
     let l = locker.clone();
@@ -698,13 +664,7 @@ both! {
 async fn c05_calls_in_a_row_against_a_stopped_server_keep_their_bound() {
     let server = RedisServer::start().expect("start redis-server");
     let (connect, response, wait) = (ms(300), ms(300), ms(300));
-    let locker = Locker::builder()
-        .url(server.url())
-        .connect_timeout(connect)
-        .response_timeout(response)
-        .build()
-        .await
-        .unwrap();
+    let locker = with_timeouts(server.url(), connect, response).await;
     server.pause().expect("SIGSTOP redis-server");
     let mut took = Vec::new();
     for i in 0..16 {

@@ -287,19 +287,26 @@ async fn a_run_stopped_by_shutdown_is_run_by_another_instance_within_its_tick() 
     }
 }
 
-/// Issue 27, rule 9: a tick whose runner died is never lost silently. Three instances, tick
-/// 2 s, job 1.5 s, ttl 1 s; the runner of a tick is SIGKILLed 1.2 s into it, so its lease runs
-/// out only after the tick's end: another instance runs that tick late (with a WARN), once,
-/// and no two runs overlap.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_runner_killed_late_in_its_tick_is_taken_over_after_the_tick_ends() {
-    let redis = RedisServer::start().expect("start redis-server");
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let args = ["--tick-ms", "2000", "--work-ms", "1500", "--ttl-ms", "1000"];
-    let mut instances: Vec<Child> = (0..3).map(|_| start_with(&redis, &tx, &args)).collect();
-    drop(tx);
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    let mut events: Vec<Event> = Vec::new();
+/// What [`kill_first_runner`] saw: the killed instance and its tick, when the kill was sent
+/// (µs), every event, and the instances' log lines (WARN and above).
+struct Killed {
+    victim: u32,
+    tick: u64,
+    killed_at: u128,
+    events: Vec<Event>,
+    logs: Vec<String>,
+}
+
+/// SIGKILLs the instance that starts the first run, `into` into its tick, and collects what
+/// the instances print until `done(victim's tick, events so far)`.
+async fn kill_first_runner(
+    instances: &mut [Child],
+    rx: &mut mpsc::UnboundedReceiver<(u32, String)>,
+    deadline: tokio::time::Instant,
+    into: Duration,
+    done: impl Fn(u64, &[Event]) -> bool,
+) -> Killed {
+    let (mut events, mut logs) = (Vec::new(), Vec::new());
     let mut victim: Option<(u32, u64)> = None;
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut killed_at = 0u128;
@@ -314,24 +321,62 @@ async fn a_runner_killed_late_in_its_tick_is_taken_over_after_the_tick_ends() {
                 kill_at = None;
             }
             got = tokio::time::timeout_at(deadline, rx.recv()) => {
-                let (pid, line) = got.expect("the tick is finished within the limit").expect("printing");
+                let (pid, line) = got.expect("within the limit").expect("printing");
+                if line.starts_with("log") {
+                    logs.push(line);
+                    continue;
+                }
                 let Some(e) = parse(pid, &line) else { continue };
                 if e.what == "start" && victim.is_none() {
-                    // 1.2 s into the tick (the tick value is its start in Unix ms).
-                    let into = now_us().saturating_sub(u128::from(e.tick) * 1000);
-                    let left = Duration::from_micros(1_200_000u64.saturating_sub(into as u64));
+                    // `into` into the tick (the tick value is its start in Unix ms).
+                    let since = now_us().saturating_sub(u128::from(e.tick) * 1000);
+                    let left = into.saturating_sub(Duration::from_micros(since as u64));
                     victim = Some((pid, e.tick));
                     kill_at = Some(tokio::time::Instant::now() + left);
                 }
-                let done = victim.is_some_and(|(_, t)| e.what == "end" && e.tick == t);
                 events.push(e);
-                if done {
-                    break;
+                if let Some((_, tick)) = victim
+                    && done(tick, &events)
+                {
+                    let (victim, tick) = victim.unwrap();
+                    return Killed { victim, tick, killed_at, events, logs };
                 }
             }
         }
     }
-    let (victim, tick) = victim.unwrap();
+}
+
+/// Issue 27, rule 9: a tick whose runner died is never lost silently. Three instances, tick
+/// 2 s, job 1.5 s, ttl 1 s; the runner of a tick is SIGKILLed 1.2 s into it, so its lease runs
+/// out only after the tick's end: another instance runs that tick late (with a WARN), once,
+/// and no two runs overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_killed_late_in_its_tick_is_taken_over_after_the_tick_ends() {
+    let redis = RedisServer::start().expect("start redis-server");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let args = ["--tick-ms", "2000", "--work-ms", "1500", "--ttl-ms", "1000"];
+    let mut instances: Vec<Child> = (0..3).map(|_| start_with(&redis, &tx, &args)).collect();
+    drop(tx);
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let finished = |tick: u64, events: &[Event]| {
+        events
+            .last()
+            .is_some_and(|e| e.what == "end" && e.tick == tick)
+    };
+    let Killed {
+        victim,
+        tick,
+        killed_at,
+        events,
+        ..
+    } = kill_first_runner(
+        &mut instances,
+        &mut rx,
+        deadline,
+        support::ms(1_200),
+        finished,
+    )
+    .await;
     let ends: Vec<&Event> = events
         .iter()
         .filter(|e| e.what == "end" && e.tick == tick)
@@ -380,42 +425,23 @@ async fn a_tick_nobody_could_run_after_a_late_takeover_is_reported() {
     let mut instances: Vec<Child> = (0..2).map(|_| start_with(&redis, &tx, &args)).collect();
     drop(tx);
     let deadline = tokio::time::Instant::now() + LIMIT;
-    let mut victim: Option<(u32, u64)> = None;
-    let mut kill_at: Option<tokio::time::Instant> = None;
-    let (mut ends, mut logs) = (Vec::new(), Vec::new());
-    loop {
-        let wake = kill_at.unwrap_or(deadline);
-        tokio::select! {
-            () = tokio::time::sleep_until(wake), if kill_at.is_some() => {
-                let (pid, _) = victim.expect("a victim");
-                let child = instances.iter_mut().find(|c| c.id() == Some(pid)).unwrap();
-                child.start_kill().expect("SIGKILL");
-                kill_at = None;
-            }
-            got = tokio::time::timeout_at(deadline, rx.recv()) => {
-                let (pid, line) = got.expect("within the limit").expect("printing");
-                if line.starts_with("log") {
-                    logs.push(line);
-                    continue;
-                }
-                let Some(e) = parse(pid, &line) else { continue };
-                if e.what == "start" && victim.is_none() {
-                    let into = now_us().saturating_sub(u128::from(e.tick) * 1000);
-                    let left = Duration::from_micros(1_850_000u64.saturating_sub(into as u64));
-                    victim = Some((pid, e.tick));
-                    kill_at = Some(tokio::time::Instant::now() + left);
-                }
-                if e.what == "end" {
-                    ends.push(e.tick);
-                }
-                // Two ticks after the victim's have had their chance.
-                if victim.is_some_and(|(_, t)| ends.iter().any(|&x| x >= t + 3 * 2000)) {
-                    break;
-                }
-            }
-        }
-    }
-    let (victim, tick) = victim.unwrap();
+    // Two ticks after the victim's have had their chance.
+    let later = |tick: u64, events: &[Event]| {
+        events
+            .iter()
+            .any(|e| e.what == "end" && e.tick >= tick + 3 * 2000)
+    };
+    let Killed {
+        victim,
+        tick,
+        events,
+        logs,
+        ..
+    } = kill_first_runner(&mut instances, &mut rx, deadline, support::ms(1_850), later).await;
+    let ends: Vec<u64> = (events.iter())
+        .filter(|e| e.what == "end")
+        .map(|e| e.tick)
+        .collect();
     assert_eq!(
         ends.iter().filter(|&&t| t == tick).count(),
         1,

@@ -28,16 +28,7 @@ async fn one_dropped_renewal_reply_does_not_cost_a_one_second_lease() {
     // Listening for revocations, and the check of the leases once listening, are done before
     // "hedged" is taken: neither the SUBSCRIBE confirmation nor that check's reply (which came
     // before the acquire's, on the same connection) can be the reply dropped below.
-    let _warm = locker
-        .acquire("warm", opts().ttl(ms(30_000)))
-        .await
-        .unwrap();
-    support::until_listening_for_revocations(&mut direct, 1).await;
-    support::settle(
-        async || support::script_calls(&mut direct).await >= 2,
-        "the locker's acquire and its check once listening",
-    )
-    .await;
+    let _warm = support::warm_up(&locker, &mut direct).await;
     let acquired = Instant::now();
     let g = locker.acquire("hedged", opts().ttl(ttl)).await.unwrap();
     let before = proxy.counters();

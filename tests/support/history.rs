@@ -288,8 +288,18 @@ impl Log {
     }
 
     fn write(&self, s: &Section) {
+        self.raw(&s.to_line());
+    }
+
+    /// Appends `line` and a newline as one write: the other records of a run, such as the
+    /// interaction generator's (`support::mix`).
+    pub fn append(&self, line: &str) {
+        self.raw(&format!("{line}\n"));
+    }
+
+    fn raw(&self, text: &str) {
         let mut f = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        f.write_all(s.to_line().as_bytes()).expect("write section");
+        f.write_all(text.as_bytes()).expect("write record");
     }
 }
 

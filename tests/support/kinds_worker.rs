@@ -14,7 +14,6 @@ use lockrt::{LockOptions, Locker, MultiGuard};
 use crate::support::history::{self, KeyPart, Log, Outcome, Recorder, Rng, Section, mono_ns};
 use crate::support::kinds::oracle::Oracle;
 use crate::support::kinds::{Kind, Told, multi};
-use crate::support::mix::Events;
 
 const RW_KEY: &str = "kinds:rw";
 const SEM_KEY: &str = "kinds:sem";
@@ -54,7 +53,7 @@ pub(crate) fn main() {
     let cancel = get("cancel") == "1";
     // The interaction generator: options, nesting, forced unlocks, an `every()` job, and a
     // `shutdown()` at the end, each recorded for `support::mix`.
-    let events = cfg.get("events").map(|p| Events::create(p.as_ref()));
+    let events = cfg.get("events").map(|p| Log::create(p.as_ref()));
     if let Ok(filter) = std::env::var("LOCKRT_CHAOS_LOG") {
         // Diagnosis: the worker's log on its stderr (`*.out`), e.g. `lockrt=debug`.
         let _ = tracing_subscriber::fmt()
@@ -180,7 +179,7 @@ async fn connect(url: &str, rng: &mut Rng) -> (Locker, Duration) {
 const CONNECT: Duration = Duration::from_millis(300);
 
 /// The generator's `every()` job: a 250 ms tick, each finished run recorded (`J`).
-async fn job(locker: Locker, ev: Events) {
+async fn job(locker: Locker, ev: Log) {
     let opts = LockOptions::new().ttl(ms(200));
     let l = locker.clone();
     let _ = lockrt::every(&l, JOB, ms(250), opts, |tick| {
@@ -193,7 +192,7 @@ async fn job(locker: Locker, ev: Events) {
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_millis();
-            ev.write(format!(
+            ev.append(&format!(
                 "J {} {tick} {fence} {start} {}",
                 std::process::id(),
                 mono_ns()
@@ -209,7 +208,7 @@ const JOB: &str = "kinds:job";
 /// After `shutdown()`: every lock of the keys this worker used that its locker still holds
 /// (`L`), read straight from the server. A claim of a finished tick, kept on purpose, is
 /// not held (`released`).
-async fn left_behind(locker: &Locker, direct: &str, ev: &Events) {
+async fn left_behind(locker: &Locker, direct: &str, ev: &Log) {
     let Ok(reader) = Locker::connect(direct).await else {
         return;
     };
@@ -225,7 +224,7 @@ async fn left_behind(locker: &Locker, direct: &str, ev: &Events) {
         let shares =
             (info.shared.iter()).filter_map(|s| Some((s.holder.as_ref()?, s.remaining, s.fence)));
         for (h, left, fence) in lock.chain(shares).filter(|(h, ..)| h.instance_id == mine) {
-            ev.write(format!(
+            ev.append(&format!(
                 "L {} {} fence={fence:?} left={}ms taken={}ms_ago",
                 std::process::id(),
                 info.key,
@@ -259,7 +258,7 @@ struct Caller {
     /// what every caller was told).
     cancel: bool,
     /// The interaction generator's records (`support::mix`), when it runs.
-    events: Option<Events>,
+    events: Option<Log>,
     /// The locker's response timeout, for the bound every call keeps.
     response: Duration,
 }
@@ -341,7 +340,7 @@ impl Caller {
             let victim = if rng.chance(50) { RW_KEY } else { SEM_KEY };
             let sent = mono_ns();
             let _ = self.locker.force_unlock(victim).await;
-            ev.write(format!(
+            ev.append(&format!(
                 "F {} {victim} {sent} {}",
                 std::process::id(),
                 mono_ns()
@@ -381,7 +380,7 @@ impl Caller {
         if let Some(ev) = &self.events {
             let pid = std::process::id();
             if let (Some(m), true) = (min_hold, fence != 0) {
-                ev.write(format!("M {pid} {fence} {}", m.as_millis()));
+                ev.append(&format!("M {pid} {fence} {}", m.as_millis()));
             }
             // Until the body began, or the call ended without one (a cancelled call: no).
             let until = match began.load(Ordering::SeqCst) {
@@ -404,7 +403,7 @@ impl Caller {
                     self.response.as_millis(),
                     verdict(&res).replace(' ', "_")
                 );
-                ev.write(format!(
+                ev.append(&format!(
                     "B {pid} {start} {until} {} {how}",
                     allowed.as_nanos()
                 ));
@@ -452,7 +451,7 @@ struct Cx<'a> {
     log: &'a Log,
     seen: &'a AtomicU64,
     began: &'a AtomicU64,
-    nest: Option<&'a Events>,
+    nest: Option<&'a Log>,
 }
 
 fn is_lost(guard: Option<&lockrt::LockGuard>) -> bool {
@@ -632,7 +631,7 @@ async fn one_op(
 /// kind again is covered by the outer section (no wait, `Ok`); a multi-key section over the
 /// key inside a read or permit section must be refused with `KindConflict`; a read inside a
 /// write section is covered.
-async fn nested(locker: &Locker, key: &str, kind: Kind, fence: u64, ev: &Events) {
+async fn nested(locker: &Locker, key: &str, kind: Kind, fence: u64, ev: &Log) {
     let now = LockOptions::new().wait(Duration::ZERO);
     let verdict = match kind {
         Kind::Read | Kind::Permits(_) => {
@@ -655,7 +654,7 @@ async fn nested(locker: &Locker, key: &str, kind: Kind, fence: u64, ev: &Events)
             Err(e) => format!("BAD:read-inside-write:{e:?}"),
         },
     };
-    ev.write(format!(
+    ev.append(&format!(
         "N {} {fence} {}",
         std::process::id(),
         verdict.replace(' ', "_")

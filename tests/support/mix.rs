@@ -1,6 +1,6 @@
 //! The interaction generator's own records and checks (`tests/chaos_kinds.rs`, schedule
 //! `Mix`): what the kinds checker does not see. Each worker process appends one line per
-//! event to its `*.mix` file; [`check`] judges the merged lines against the promises:
+//! event to its `*.mix` file (a [`Log`](super::history::Log), `Log::append`); [`check`] judges the merged lines against the promises:
 //!
 //! - `M <pid> <fence> <min_hold ms>`: a writer's section with `min_hold`. No other section
 //!   on its key starts before the lock was held that long, unless its caller was told the
@@ -25,36 +25,13 @@
 //! across the processes of one host.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use super::history::{Section, Stall};
 use super::kinds::Kind;
 
 /// The lock key of the read-write key (the key `min_hold` writers take).
 const RW_LOCK: &str = "kinds:rw";
-
-/// Where a worker appends its events.
-#[derive(Clone)]
-pub struct Events(Arc<Mutex<std::fs::File>>);
-
-impl Events {
-    pub fn create(path: &Path) -> Events {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .expect("mix events file");
-        Events(Arc::new(Mutex::new(f)))
-    }
-
-    pub fn write(&self, line: String) {
-        let mut f = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        f.write_all(format!("{line}\n").as_bytes())
-            .expect("write mix event");
-    }
-}
 
 /// Every `*.mix` line of `dir`.
 pub fn load(dir: &Path) -> Vec<String> {

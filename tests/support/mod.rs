@@ -192,6 +192,43 @@ pub async fn until_listening_for_revocations(conn: &mut redis::aio::MultiplexedC
     .await;
 }
 
+/// Takes a long lock `warm` with `locker` and waits until the locker listens for forced
+/// unlocks and has run its check once listening (two scripts): the next requests it sends are
+/// the test's own. The guard keeps the locker listening.
+pub async fn warm_up(
+    locker: &lockrt::Locker,
+    direct: &mut redis::aio::MultiplexedConnection,
+) -> lockrt::LockGuard {
+    let warm = locker
+        .acquire("warm", opts().ttl(ms(30_000)))
+        .await
+        .unwrap();
+    until_listening_for_revocations(direct, 1).await;
+    settle(
+        async || script_calls(direct).await >= 2,
+        "the locker's acquire and its check once listening",
+    )
+    .await;
+    warm
+}
+
+/// Waits (at most `within`) until `key` is gone from the server: whether it went.
+pub async fn until_gone(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    within: Duration,
+) -> bool {
+    use redis::AsyncCommands;
+    let end = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < end {
+        if !conn.exists::<_, bool>(key).await.unwrap() {
+            return true;
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+    false
+}
+
 /// Lock scripts the server has run so far: `EVALSHA` and `EVAL` calls that did not fail (a
 /// `NOSCRIPT` answer counts as a failed call).
 pub async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
