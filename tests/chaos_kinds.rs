@@ -531,3 +531,68 @@ fn kinds_checker_fails_a_multi_key_section_beside_a_holder_of_one_of_its_keys() 
     let h = [w, sec(5, Kind::Read, 192, (600, 800))];
     assert_eq!(check(&h, &[]).overlaps.len(), 1);
 }
+
+/// The generator's `min_hold` check: a writer inside another's `min_hold` is a violation,
+/// unless a forced unlock of the key may have landed in between: one that answered within
+/// the window, or one that failed and whose request a fault on its worker may have held up.
+#[test]
+fn mix_checker_fails_a_writer_inside_a_min_hold_unless_a_forced_unlock_may_have_landed() {
+    const MS: u64 = 1_000_000;
+    let kept = sec(1, Kind::Exclusive, 64, (3_000 * MS, 3_010 * MS));
+    let next = sec(2, Kind::Exclusive, 96, (3_100 * MS, 3_120 * MS));
+    let h = [kept, next];
+    let judge = |lines: &[&str], faults: &[mix::Disturbed]| {
+        let lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        mix::check(&lines, &h, &[], faults, &Told::new())
+            .min_hold_broken
+            .len()
+    };
+    let m = "M 1 64 400";
+    assert_eq!(
+        judge(&[m], &[]),
+        1,
+        "a writer 100 ms into a 400 ms min_hold"
+    );
+    // A forced unlock answered before the kept lock was taken changes nothing.
+    let early = format!("F 3 kinds:rw {} {} ok", 2_600 * MS, 2_700 * MS);
+    assert_eq!(judge(&[m, &early], &[]), 1);
+    // The same call failed while a fault held its worker's requests until 3,200 ms.
+    let failed = format!("F 3 kinds:rw {} {} err", 2_600 * MS, 2_700 * MS);
+    let held = mix::Disturbed {
+        pid: 3,
+        from: 2_500 * MS,
+        to: 3_200 * MS,
+    };
+    assert_eq!(
+        judge(&[m, &failed], &[held]),
+        0,
+        "its request may land late"
+    );
+    // A fault on another worker does not explain it; a second after the call ends does.
+    let elsewhere = mix::Disturbed { pid: 4, ..held };
+    assert_eq!(judge(&[m, &failed], &[elsewhere]), 0);
+    let long_ago = format!("F 3 kinds:rw {} {} err", 10 * MS, 20 * MS);
+    assert_eq!(judge(&[m, &long_ago], &[elsewhere]), 1);
+}
+
+/// Stale acceptance is judged by what had reached the oracle: a reader sent its read before
+/// a higher writer's claim returned cannot have been rejected; one sent after must have been.
+#[test]
+fn kinds_checker_judges_a_stale_read_by_the_claims_the_oracle_had_seen() {
+    let mut writer = sec(3, Kind::Exclusive, 128, (100, 400));
+    writer.claimed = 300;
+    // Told `Lost`: the overlap itself is excused, so only the fences are judged.
+    let told: Told = [(1, 96), (3, 128)].into_iter().collect();
+    let judge = |reader: Section| {
+        let h = [writer.clone(), reader];
+        let r = kinds::check_told(&h, &[], kinds::State::default(), &told, &[]);
+        r.stale_reads_accepted.len()
+    };
+    let mut early = sec(1, Kind::Read, 96, (200, 500));
+    early.wake = 250;
+    assert_eq!(judge(early), 0, "both reads sent before the claim returned");
+    let mut late = sec(1, Kind::Read, 96, (200, 500));
+    late.wake = 350;
+    assert_eq!(judge(late), 1, "the second read was sent after it");
+    assert_eq!(judge(sec(1, Kind::Read, 96, (310, 500))), 2, "both were");
+}

@@ -219,10 +219,13 @@ fn rw_overlaps(r: &mut Report, rw: &[&Section], ex: &Excuses) {
 
 /// In start order, among sections that reached the oracle: a writer's fence above every
 /// earlier fence, a reader's above every earlier writer's (unless either was told `Lost`).
-/// Accepted claims and reads below a fence started earlier are stale.
+/// Accepted claims and reads are stale when a higher fence had reached the oracle before
+/// they were sent (a writer's claim; for a writer, a reader's read too): fenced storage
+/// rejects only what it has seen beaten.
 fn rw_fences(r: &mut Report, rw: &[&Section], ex: &Excuses) {
     let (mut any, mut writers) = (None::<&Section>, None::<&Section>);
-    let mut highest_started = 0u64;
+    let seen_by_writers = Seen::of(rw, |s| s.kind == Kind::Exclusive);
+    let seen_by_all = Seen::of(rw, |_| true);
     for &s in rw {
         let bound = if s.kind == Kind::Read { writers } else { any };
         if s.claim.is_some()
@@ -234,19 +237,19 @@ fn rw_fences(r: &mut Report, rw: &[&Section], ex: &Excuses) {
                 r.fence_order.push(format!("{s} started after {b}"));
             }
         }
-        let started = if s.kind == Kind::Read {
-            writers.map_or(0, |w| w.fence)
+        let seen = if s.kind == Kind::Read {
+            &seen_by_writers
         } else {
-            highest_started
+            &seen_by_all
         };
-        if s.claim == Some(true) && s.fence < started {
-            let msg = format!("{s} accepted after fence {started} had started");
+        let beaten = seen.before(s.acquired);
+        if s.claim == Some(true) && s.fence < beaten {
+            let msg = format!("{s} accepted after fence {beaten} had reached the oracle");
             match s.kind {
                 Kind::Read => r.stale_reads_accepted.push(msg),
                 _ => r.stale_writes_accepted.push(msg),
             }
         }
-        highest_started = highest_started.max(s.fence);
         if s.claim.is_some() {
             any = highest(any, s);
             if s.kind == Kind::Exclusive {
@@ -258,6 +261,37 @@ fn rw_fences(r: &mut Report, rw: &[&Section], ex: &Excuses) {
     r.stale_writes_rejected = count(rw, |s| s.kind == Kind::Exclusive && s.claim == Some(false));
 }
 
+/// The fences that had reached the oracle by a moment: accepted first steps (claims, reads)
+/// by the time they returned.
+struct Seen {
+    /// (returned at, highest fence accepted by then), in time order.
+    by: Vec<(u64, u64)>,
+}
+
+impl Seen {
+    fn of(rw: &[&Section], which: impl Fn(&Section) -> bool) -> Seen {
+        let mut steps: Vec<(u64, u64)> = (rw.iter())
+            .filter(|s| s.claim == Some(true) && s.claimed != 0 && which(s))
+            .map(|s| (s.claimed, s.fence))
+            .collect();
+        steps.sort_unstable();
+        let mut top = 0;
+        for step in &mut steps {
+            top = top.max(step.1);
+            step.1 = top;
+        }
+        Seen { by: steps }
+    }
+
+    /// The highest fence accepted strictly before `t` (0 if none).
+    fn before(&self, t: u64) -> u64 {
+        match self.by.partition_point(|&(at, _)| at < t) {
+            0 => 0,
+            n => self.by[n - 1].1,
+        }
+    }
+}
+
 fn highest<'a>(m: Option<&'a Section>, s: &'a Section) -> Option<&'a Section> {
     m.filter(|m| m.fence >= s.fence).or(Some(s))
 }
@@ -266,7 +300,7 @@ fn count(v: &[&Section], f: impl Fn(&Section) -> bool) -> usize {
     v.iter().filter(|s| f(s)).count()
 }
 
-/// Readers' second reads: not stale (no writer with a higher fence started before it), and
+/// Readers' second reads: not stale (no writer with a higher fence claimed before it), and
 /// equal to the first, unless a writer frozen inside its write explains the change.
 fn readers(r: &mut Report, rw: &[&Section], ex: &Excuses) {
     let writers: Vec<&Section> = rw
@@ -275,12 +309,12 @@ fn readers(r: &mut Report, rw: &[&Section], ex: &Excuses) {
         .filter(|s| s.kind == Kind::Exclusive)
         .collect();
     for &s in rw.iter().filter(|s| s.kind == Kind::Read && s.completed) {
-        if let Some(w) = writers
-            .iter()
-            .find(|w| w.acquired < s.wake && w.fence > s.fence)
-        {
+        // A writer whose claim had reached the oracle before the second read was sent.
+        if let Some(w) = writers.iter().find(|w| {
+            w.claim == Some(true) && w.claimed != 0 && w.claimed < s.wake && w.fence > s.fence
+        }) {
             r.stale_reads_accepted
-                .push(format!("{s}: second read accepted after {w} had started"));
+                .push(format!("{s}: second read accepted after {w} had claimed"));
         }
         if s.extra != s.read_value {
             let by = |w: &&&Section| w.acquired < s.end && w.last_effect() > s.acquired;

@@ -339,9 +339,13 @@ impl Caller {
         if let (true, Some(ev)) = (rng.chance(3), &self.events) {
             let victim = if rng.chance(50) { RW_KEY } else { SEM_KEY };
             let sent = mono_ns();
-            let _ = self.locker.force_unlock(victim).await;
+            // A failed call may still land: its request may be held up in the network.
+            let how = match self.locker.force_unlock(victim).await {
+                Ok(_) => "ok",
+                Err(_) => "err",
+            };
             ev.append(&format!(
-                "F {} {victim} {sent} {}",
+                "F {} {victim} {sent} {} {how}",
                 std::process::id(),
                 mono_ns()
             ));

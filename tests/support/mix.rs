@@ -13,8 +13,9 @@
 //! - `J <pid> <tick ms> <fence> <start ns> <end ns>`: a finished run of the `every()` job.
 //!   At most one finished run per tick and no two runs at once, unless a stall or a fault of
 //!   the first runner's worker explains it (the documented at-least-once instant).
-//! - `F <pid> <key> <sent ns> <done ns>`: a forced unlock of `key`; it ends a `min_hold`
-//!   early, as it ends any lock.
+//! - `F <pid> <key> <sent ns> <done ns> <ok|err>`: a forced unlock of `key`; it ends a
+//!   `min_hold` early, as it ends any lock. One that failed (no reply) may still land later:
+//!   its request may have been held up in the network until the fault on its worker ended.
 //! - `L <pid> <key>`: a lock of this worker's locker still held after its `shutdown()`
 //!   returned. Always a violation.
 //!
@@ -123,6 +124,22 @@ fn disturbed(pid: u32, from: u64, to: u64, stalls: &[Stall], faults: &[Disturbed
             .any(|f| f.pid == pid && f.from <= to && f.to >= from)
 }
 
+/// The latest moment a forced unlock sent at `sent` by worker `pid` may change the lock: its
+/// reply's arrival (`done`), or, for one that failed without a reply, the end of the fault
+/// on its worker that held the request up (a second after `done` if no fault explains it).
+fn forced_lands_by(pid: u32, sent: u64, done: u64, failed: bool, faults: &[Disturbed]) -> u64 {
+    if !failed {
+        return done;
+    }
+    faults
+        .iter()
+        .filter(|f| f.pid == pid && f.from <= done && f.to >= sent)
+        .map(|f| f.to)
+        .max()
+        .unwrap_or(done + 1_000_000_000)
+        .max(done)
+}
+
 /// Whether section `s` held the read-write key (the key `min_hold` writers use).
 fn on_rw(s: &Section) -> bool {
     match s.kind {
@@ -144,12 +161,18 @@ pub fn check(
     /// Scheduling and clock allowance between a kept lock's end and the next section's start.
     const SLACK_NS: u64 = 30_000_000;
     let mut r = Report::default();
-    // Forced unlocks of the read-write key: (sent, done).
+    // Forced unlocks of the read-write key: (sent, latest landing).
     let forced: Vec<(u64, u64)> = lines
         .iter()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.first() == Some(&"F") && f[2] == RW_LOCK).then(|| (num(f[3]), num(f[4])))
+            (f.first() == Some(&"F") && f[2] == RW_LOCK).then(|| {
+                let (pid, sent, done) = (num(f[1]) as u32, num(f[3]), num(f[4]));
+                (
+                    sent,
+                    forced_lands_by(pid, sent, done, f.get(5) == Some(&"err"), faults),
+                )
+            })
         })
         .collect();
     for s in sections {
@@ -174,7 +197,7 @@ pub fn check(
                 let until = s.acquired + hold.saturating_sub(SLACK_NS);
                 if forced
                     .iter()
-                    .any(|&(sent, _)| sent < until && sent + SLACK_NS > s.acquired)
+                    .any(|&(sent, by)| sent < until && by + SLACK_NS > s.acquired)
                 {
                     continue;
                 }
