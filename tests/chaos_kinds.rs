@@ -113,6 +113,8 @@ struct SeedResult {
     report: kinds::Report,
     /// The generator's own checks (`Mix` only).
     mix: Option<mix::Report>,
+    /// What the lock server held after the last worker exited (`Mix` only).
+    state: Option<mix::ServerState>,
     sections: Vec<Section>,
     stalls: Vec<Stall>,
     faults: Vec<String>,
@@ -145,6 +147,10 @@ fn run_seeds(seeds: &[u64], workers: usize, secs: Duration, schedule: Schedule) 
         if let Some(m) = &res.mix {
             println!("FIGURE {name} seed {seed}: generator: {}", m.summary());
             v.extend(m.violations());
+        }
+        if let Some(st) = &res.state {
+            println!("FIGURE {name} seed {seed}: state: {}", st.summary());
+            v.extend(st.violations.iter().take(10).map(|l| format!("state: {l}")));
         }
         if rep.completed.contains(&0) {
             v.push(format!("a kind never completed: {:?}", rep.completed));
@@ -210,8 +216,13 @@ fn run_seed(
             println!("seed {seed}:   {l}");
         }
     }
+    // Read before anything else: what every worker left, with nothing running.
+    let left = (schedule == Schedule::Mix).then(|| {
+        let mut conn = lock_server.client().get_connection().expect("lock server");
+        mix::ServerState::read(&mut conn)
+    });
     let sections = history::load(&dir);
-    let (told, verdicts) = kinds_worker::load_told(&dir);
+    let (mut told, cancelled, verdicts) = kinds_worker::load_told(&dir);
     let mut oracle = Oracle::connect(&oracle_server.url(), &ns);
     let (state, keys) = (oracle.state(), oracle.key_states(&MULTI_KEYS));
     let stalls = stalls.all();
@@ -220,14 +231,24 @@ fn run_seed(
     // shutdowns, end locks under running sections: there the README's promise is checked,
     // sections not told `Lost` never overlap.
     let told = match schedule {
-        Schedule::Restarts | Schedule::Mix => told,
+        Schedule::Restarts => told,
+        Schedule::Mix => {
+            told.extend(mix::cut_by_force(
+                &mix::load(&dir),
+                &sections,
+                &disturbed,
+                &cancelled,
+            ));
+            told
+        }
         Schedule::Faults => Told::new(),
     };
     let report = kinds::check_told(&sections, &stalls, state, &told, &keys);
     let mix = (schedule == Schedule::Mix)
         .then(|| mix::check(&mix::load(&dir), &sections, &stalls, &disturbed, &told));
-    let failed =
-        !report.violations().is_empty() || mix.as_ref().is_some_and(|m| !m.violations().is_empty());
+    let failed = !report.violations().is_empty()
+        || mix.as_ref().is_some_and(|m| !m.violations().is_empty())
+        || left.as_ref().is_some_and(|s| !s.violations.is_empty());
     if failed {
         println!("seed {seed}: records kept in {}", dir.display());
     } else {
@@ -236,6 +257,7 @@ fn run_seed(
     SeedResult {
         report,
         mix,
+        state: left,
         sections,
         stalls,
         faults,
@@ -595,4 +617,33 @@ fn kinds_checker_judges_a_stale_read_by_the_claims_the_oracle_had_seen() {
     late.wake = 350;
     assert_eq!(judge(late), 1, "the second read was sent after it");
     assert_eq!(judge(sec(1, Kind::Read, 96, (310, 500))), 2, "both were");
+}
+
+/// A cancelled section counts as told only when a forced unlock of a key it held may have
+/// landed while it ran.
+#[test]
+fn mix_checker_counts_a_cancelled_section_as_told_only_when_a_forced_unlock_may_have_cut_it() {
+    let permit = sec(1, Kind::Permits(3), 64, (1_000, 2_000));
+    let writer = sec(2, Kind::Exclusive, 96, (1_000, 2_000));
+    let h = [permit, writer];
+    let cancelled: Told = [(1, 64), (2, 96)].into_iter().collect();
+    let cut = |line: &str| {
+        let lines = [line.to_owned()];
+        let mut v: Vec<(u32, u64)> = mix::cut_by_force(&lines, &h, &[], &cancelled)
+            .into_iter()
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(cut("F 3 kinds:sem 1500 1510 ok"), [(1, 64)]);
+    assert_eq!(cut("F 3 kinds:rw 1500 1510 ok"), [(2, 96)]);
+    assert_eq!(
+        cut("F 3 kinds:sem 100 110 ok"),
+        [],
+        "answered before it began"
+    );
+    assert_eq!(cut("F 3 kinds:sem 2500 2510 ok"), [], "sent after it ended");
+    let only_told: Told = [(2, 96)].into_iter().collect();
+    let lines = ["F 3 kinds:sem 1500 1510 ok".to_owned()];
+    assert!(mix::cut_by_force(&lines, &h, &[], &only_told).is_empty());
 }

@@ -116,7 +116,8 @@ pub(crate) fn main() {
 }
 
 /// What each caller was told about a section whose body ran: `V <pid> <fence> <verdict>`
-/// (the fence of a multi-key section's first key), `lost` when it heard its lock was lost.
+/// (the fence of a multi-key section's first key), `lost` when it heard its lock was lost,
+/// `cancelled` when it was cancelled before it could hear anything.
 #[derive(Clone)]
 struct Verdicts(Arc<Mutex<std::fs::File>>);
 
@@ -137,10 +138,12 @@ impl Verdicts {
     }
 }
 
-/// The sections whose callers were told `Lost` (from every `*.told` file in `dir`), and how
-/// many sections ended with each verdict (`lost:forced`, `lost:shutdown`: with that cause).
-pub(crate) fn load_told(dir: &Path) -> (Told, std::collections::BTreeMap<String, usize>) {
-    let (mut told, mut verdicts) = (Told::new(), std::collections::BTreeMap::new());
+/// The sections whose callers were told `Lost` (from every `*.told` file in `dir`), those
+/// whose callers were cancelled before any verdict, and how many sections ended with each
+/// verdict (`lost:forced`, `lost:shutdown`: with that cause).
+pub(crate) fn load_told(dir: &Path) -> (Told, Told, std::collections::BTreeMap<String, usize>) {
+    let (mut told, mut cancelled) = (Told::new(), Told::new());
+    let mut verdicts = std::collections::BTreeMap::new();
     for entry in std::fs::read_dir(dir).expect("dir").flatten() {
         let path = entry.path();
         if path.extension().is_none_or(|e| e != "told") {
@@ -155,10 +158,12 @@ pub(crate) fn load_told(dir: &Path) -> (Told, std::collections::BTreeMap<String,
             let section = (pid.parse().unwrap(), fence.parse().unwrap());
             if verdict.starts_with("lost") {
                 told.insert(section);
+            } else if verdict == "cancelled" {
+                cancelled.insert(section);
             }
         }
     }
-    (told, verdicts)
+    (told, cancelled, verdicts)
 }
 
 /// Connects through the proxy, which may be misbehaving right now (bounded retries); the

@@ -140,6 +140,41 @@ fn forced_lands_by(pid: u32, sent: u64, done: u64, failed: bool, faults: &[Distu
         .max(done)
 }
 
+/// The cancelled sections (`cancelled`) that a forced unlock of a key they held may have
+/// ended while they ran: their callers would have been told `Lost` had they waited for the
+/// verdict (a holder cut off from Redis learns of a forced unlock only at its lease's end),
+/// so they count as told.
+pub fn cut_by_force(
+    lines: &[String],
+    sections: &[Section],
+    faults: &[Disturbed],
+    cancelled: &super::kinds::Told,
+) -> super::kinds::Told {
+    let forced: Vec<(&str, u64, u64)> = lines
+        .iter()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&"F")).then(|| {
+                let (pid, sent, done) = (num(f[1]) as u32, num(f[3]), num(f[4]));
+                let by = forced_lands_by(pid, sent, done, f.get(5) == Some(&"err"), faults);
+                (f[2], sent, by)
+            })
+        })
+        .collect();
+    let held = |s: &Section, key: &str| match key {
+        RW_LOCK => on_rw(s),
+        _ => matches!(s.kind, Kind::Permits(_)),
+    };
+    (sections.iter())
+        .filter(|s| cancelled.contains(&super::kinds::multi::ident(s)))
+        .filter(|s| {
+            let end = s.last_effect();
+            (forced.iter()).any(|&(key, sent, by)| held(s, key) && sent < end && by > s.acquired)
+        })
+        .map(super::kinds::multi::ident)
+        .collect()
+}
+
 /// Whether section `s` held the read-write key (the key `min_hold` writers use).
 fn on_rw(s: &Section) -> bool {
     match s.kind {
@@ -283,4 +318,89 @@ pub fn check(
         }
     }
     r
+}
+
+/// What the lock server holds once every worker has exited: keys by class, and what should
+/// not be there. Bounded state: every key expires (none without a TTL), no lock or share is
+/// held by anyone (a lock kept until its `min_hold`, held by a `k…` token, is allowed), and
+/// per lock only its fixed keys plus release proofs (which expire) exist.
+#[derive(Debug, Default)]
+pub struct ServerState {
+    pub keys: usize,
+    /// Keys by class: `lock`, `fence`, `q`, `w`, `owner`, `s`, `si`, `done`, other.
+    pub by_class: BTreeMap<String, usize>,
+    /// Distinct lock names (hash tags).
+    pub locks: usize,
+    pub violations: Vec<String>,
+}
+
+impl ServerState {
+    /// Reads every key of `conn`'s database (a test server: `KEYS` is fine), with its TTL.
+    pub fn read(conn: &mut redis::Connection) -> ServerState {
+        let mut st = ServerState::default();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).expect("KEYS");
+        let mut tags = std::collections::BTreeSet::new();
+        let now_ms: u64 = {
+            let (s, us): (u64, u64) = redis::cmd("TIME").query(conn).expect("TIME");
+            s * 1000 + us / 1000
+        };
+        for key in &keys {
+            // A lock's own key is its hash tag without the braces; the others are `{tag}:…`.
+            let class = match key.find('}').filter(|_| key.starts_with('{')) {
+                None => {
+                    tags.insert(format!("{{{key}}}"));
+                    "lock"
+                }
+                Some(close) => {
+                    tags.insert(key[..=close].to_owned());
+                    match &key[close + 1..] {
+                        rest if rest.starts_with(":done:") => "done",
+                        rest => rest.trim_start_matches(':'),
+                    }
+                }
+            };
+            *st.by_class.entry(class.into()).or_default() += 1;
+            let ttl: i64 = redis::cmd("PTTL").arg(key).query(conn).expect("PTTL");
+            if ttl == -1 {
+                st.violations.push(format!("{key:?} never expires"));
+            }
+            match class {
+                "lock" => {
+                    let v: Option<String> = redis::cmd("GET").arg(key).query(conn).ok();
+                    if let Some(v) = v.filter(|v| !v.starts_with('k')) {
+                        st.violations
+                            .push(format!("{key:?} held ({v}) after every worker exited"));
+                    }
+                }
+                "s" => {
+                    let live: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                        .arg(key)
+                        .arg(now_ms + 1)
+                        .arg("+inf")
+                        .query(conn)
+                        .expect("ZRANGEBYSCORE");
+                    if !live.is_empty() {
+                        st.violations.push(format!(
+                            "{key:?}: {} shares held after every worker exited",
+                            live.len()
+                        ));
+                    }
+                }
+                "fence" | "q" | "w" | "owner" | "si" | "done" => {}
+                _ => st
+                    .violations
+                    .push(format!("{key:?}: a key of no known kind")),
+            }
+        }
+        st.keys = keys.len();
+        st.locks = tags.len();
+        st
+    }
+
+    pub fn summary(&self) -> String {
+        format!(
+            "{} keys of {} locks after the last worker exited {:?}",
+            self.keys, self.locks, self.by_class
+        )
+    }
 }
