@@ -203,7 +203,7 @@ fn run_seed(
             &workers,
             &stalls,
             secs,
-            Some(&mut disturbed),
+            Some((&mut disturbed, &mut *lock_server)),
         ),
         Schedule::Restarts => restarts(&mut rng, lock_server, secs),
     };
@@ -324,8 +324,13 @@ fn inject(
     workers: &[Worker],
     stalls: &Stalls,
     secs: Duration,
-    mut disturbed: Option<&mut Vec<mix::Disturbed>>,
+    mix: Option<(&mut Vec<mix::Disturbed>, &mut RedisServer)>,
 ) -> Vec<String> {
+    // The generator's schedule: what disturbed whom, and the lock server to restart.
+    let (mut disturbed, mut server) = match mix {
+        Some((d, s)) => (Some(d), Some(s)),
+        None => (None, None),
+    };
     let mut faults = Vec::new();
     let end = Instant::now() + secs;
     while Instant::now() + ms(300) < end {
@@ -339,7 +344,7 @@ fn inject(
         } else {
             Direction::ToServer
         };
-        let fault = match rng.range(0, if disturbed.is_some() { 8 } else { 7 }) {
+        let fault = match rng.range(0, if disturbed.is_some() { 10 } else { 7 }) {
             0 => {
                 let d = rng.ms(10, 700);
                 p.delay(dir, d);
@@ -371,6 +376,24 @@ fn inject(
                 p.hold_requests();
                 "reorder".into()
             }
+            // The lock server restarted without its data, or frozen (SIGSTOP) past most ttls
+            // and let go on with its data (as a restart with data looks to its clients).
+            9 => match server.as_deref_mut() {
+                Some(server) => {
+                    server.restart().expect("restart");
+                    "restart".into()
+                }
+                None => "quiet".into(),
+            },
+            10 => match server.as_deref() {
+                Some(server) => {
+                    server.pause().expect("pause");
+                    thread::sleep(hold);
+                    server.resume().expect("resume");
+                    "server-stop".into()
+                }
+                None => "quiet".into(),
+            },
             _ => "quiet".into(),
         };
         thread::sleep(hold);
@@ -380,10 +403,16 @@ fn inject(
         if let Some(d) = disturbed.as_deref_mut() {
             // Effects of a fault outlast it by a response timeout or so.
             let to = mono_ns() + 500_000_000;
+            let (pid, wiped) = match fault.as_str() {
+                "restart" => (mix::EVERYONE, true),
+                "server-stop" => (mix::EVERYONE, false),
+                _ => (workers[w].pid(), false),
+            };
             d.push(mix::Disturbed {
-                pid: workers[w].pid(),
+                pid,
                 from,
                 to,
+                wiped,
             });
         }
     }
@@ -584,6 +613,7 @@ fn mix_checker_fails_a_writer_inside_a_min_hold_unless_a_forced_unlock_may_have_
         pid: 3,
         from: 2_500 * MS,
         to: 3_200 * MS,
+        wiped: false,
     };
     assert_eq!(
         judge(&[m, &failed], &[held]),

@@ -688,3 +688,45 @@ async fn c05_calls_in_a_row_against_a_stopped_server_keep_their_bound() {
         assert!(*d < bound + ms(200), "call {i}: {d:?}, bound {bound:?}");
     }
 }
+
+/// Rule: no request of a token changes a lock after that token's release, also a release
+/// that found the lock lost. A `try_acquire` whose first attempt is held up in the network
+/// takes the lock with its retry on a fresh connection; a forced unlock ends that lease and
+/// its release finds it lost; the first attempt, landing only then, must take nothing (it
+/// took the free lock with a token nobody holds any more, for a whole ttl). For a lock and
+/// for a read share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c12_an_attempt_landing_after_its_lost_lease_was_released_takes_nothing() {
+    let server = RedisServer::start().expect("start redis-server");
+    let proxy = FaultProxy::in_front_of(&server).expect("start proxy");
+    let mut direct = direct(&server).await;
+    // The response timeout well inside the retry window (100 ms), so the attempt is retried.
+    let builder = Locker::builder().response_timeout(ms(40));
+    let (locker, _warm) = warmed(&proxy, &mut direct, builder).await;
+    let admin = Locker::connect(&server.url()).await.unwrap();
+    for (name, kind) in [("ghost-x", opts()), ("ghost-r", opts().read())] {
+        let held_before = proxy.counters().requests_held;
+        assert!(proxy.hold_requests() >= 1, "a command connection is open");
+        let g = locker
+            .try_acquire(name, kind.ttl(ms(6_000)))
+            .await
+            .expect("the retry got an answer")
+            .expect("the lock was free");
+        assert!(
+            proxy.counters().requests_held > held_before,
+            "{name}: the first attempt is held in the network"
+        );
+        assert!(admin.force_unlock(name).await.unwrap(), "{name}: was held");
+        let lost = g.release().await;
+        assert!(
+            lost.as_ref().is_err_and(LockError::is_lost),
+            "{name}: the release finds the lease lost: {lost:?}"
+        );
+        deliver(&proxy).await;
+        let info = admin.lock_info(name).await.unwrap();
+        assert!(
+            info.is_none(),
+            "{name}: the attempt that landed after the release took the lock: {info:?}"
+        );
+    }
+}

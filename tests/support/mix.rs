@@ -47,12 +47,29 @@ pub fn load(dir: &Path) -> Vec<String> {
     out
 }
 
-/// A time a worker was disturbed by the schedule: stopped, or one of its connections faulted.
+/// A time a worker was disturbed by the schedule: stopped, or one of its connections faulted;
+/// pid [`EVERYONE`] for the lock server itself (paused, or restarted without its data).
 #[derive(Debug, Clone, Copy)]
 pub struct Disturbed {
     pub pid: u32,
     pub from: u64,
     pub to: u64,
+    /// A restart without data: every lock was gone at once.
+    pub wiped: bool,
+}
+
+/// The pid of a [`Disturbed`] that concerns every worker: the lock server's own fault.
+pub const EVERYONE: u32 = 0;
+
+impl Disturbed {
+    fn touches(&self, pid: u32, from: u64, to: u64) -> bool {
+        (self.pid == pid || self.pid == EVERYONE) && self.from <= to && self.to >= from
+    }
+}
+
+/// Whether the lock server was restarted without its data at some point of `[from, to]`.
+fn wiped(from: u64, to: u64, faults: &[Disturbed]) -> bool {
+    (faults.iter()).any(|f| f.wiped && f.touches(EVERYONE, from, to))
 }
 
 /// What the generator's records came to.
@@ -119,9 +136,7 @@ fn disturbed(pid: u32, from: u64, to: u64, stalls: &[Stall], faults: &[Disturbed
     stalls
         .iter()
         .any(|s| s.pid == pid && s.stop <= to && s.cont >= from)
-        || faults
-            .iter()
-            .any(|f| f.pid == pid && f.from <= to && f.to >= from)
+        || faults.iter().any(|f| f.touches(pid, from, to))
 }
 
 /// The latest moment a forced unlock sent at `sent` by worker `pid` may change the lock: its
@@ -140,8 +155,8 @@ fn forced_lands_by(pid: u32, sent: u64, done: u64, failed: bool, faults: &[Distu
         .max(done)
 }
 
-/// The cancelled sections (`cancelled`) that a forced unlock of a key they held may have
-/// ended while they ran: their callers would have been told `Lost` had they waited for the
+/// The cancelled sections (`cancelled`) that a forced unlock of a key they held, or a restart
+/// of the lock server without its data, may have ended while they ran: their callers would have been told `Lost` had they waited for the
 /// verdict (a holder cut off from Redis learns of a forced unlock only at its lease's end),
 /// so they count as told.
 pub fn cut_by_force(
@@ -170,6 +185,7 @@ pub fn cut_by_force(
         .filter(|s| {
             let end = s.last_effect();
             (forced.iter()).any(|&(key, sent, by)| held(s, key) && sent < end && by > s.acquired)
+                || wiped(s.acquired, end, faults)
         })
         .map(super::kinds::multi::ident)
         .collect()
@@ -230,9 +246,11 @@ pub fn check(
                     continue;
                 };
                 let until = s.acquired + hold.saturating_sub(SLACK_NS);
+                // A forced unlock or a restart without data ends a kept lock as any other.
                 if forced
                     .iter()
                     .any(|&(sent, by)| sent < until && by + SLACK_NS > s.acquired)
+                    || wiped(s.acquired, until, faults)
                 {
                     continue;
                 }
@@ -381,7 +399,7 @@ impl ServerState {
                         .expect("ZRANGEBYSCORE");
                     if !live.is_empty() {
                         st.violations.push(format!(
-                            "{key:?}: {} shares held after every worker exited",
+                            "{key:?}: {} shares held after every worker exited: {live:?}",
                             live.len()
                         ));
                     }

@@ -175,8 +175,12 @@ end
 -- The release of `token` where it holds nothing (a waiter that gave up, or a late release):
 -- only its queue place goes, and when it was a writer or a semaphore's waiter while shared
 -- holders are there, the waiters it may have held back are told to retry ("r" on ARGV[3]).
--- With `abandon`, KEYS[8] marks the acquisition abandoned. {rid, 3} when this token's own
--- release had already happened (its proof, KEYS[8]), {rid, 0} otherwise.
+-- With `abandon`, KEYS[8] marks the acquisition abandoned ('a'). A holder's release that
+-- finds its lock gone (lost) marks the token 'l': no proof of a release, but refused by the
+-- acquire scripts like any released token, so an attempt of it still in the network takes
+-- nothing when it lands (a token is used for one acquisition only). {rid, 3} when this
+-- token's own release had already happened (its proof, KEYS[8] = '1'; for an abandon, any
+-- mark), {rid, 0} otherwise.
 local function not_holder(token, abandon)
   local reader = redis.call('HGET', KEYS[4], 'k:' .. token) == 'r'
   if redis.call('ZREM', KEYS[3], token) == 1 then
@@ -185,9 +189,15 @@ local function not_holder(token, abandon)
       redis.pcall('PUBLISH', ARGV[3], 'r')
     end
   end
-  local proof = KEYS[8] and redis.call('EXISTS', KEYS[8]) == 1
-  if abandon then redis.call('SET', KEYS[8], 'a', 'PX', ARGV[5]) end
-  if proof then return {rid, 3} end
+  if not KEYS[8] then return {rid, 0} end
+  local mark = redis.call('GET', KEYS[8])
+  if abandon then
+    redis.call('SET', KEYS[8], 'a', 'PX', ARGV[5])
+    if mark then return {rid, 3} end
+    return {rid, 0}
+  end
+  if mark == '1' then return {rid, 3} end
+  if not mark then redis.call('SET', KEYS[8], 'l', 'PX', ARGV[5]) end
   return {rid, 0}
 end
 

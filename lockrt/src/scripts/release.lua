@@ -18,7 +18,8 @@
 -- server restarted without its data, and another owner may have run: that is a loss.
 -- ARGV[6] = 'a': the release of an abandoned acquisition (its compensation). KEYS[8] is then set
 -- to 'a' whether or not the token held the lock, and acquire.lua refuses the token from then
--- on: a request of it still in the network takes nothing when it lands.
+-- on: a request of it still in the network takes nothing when it lands. A release that finds
+-- the lock not its own marks the token the same way ('l', no proof; see `not_holder`).
 -- ARGV[6] = 'k<ms>': `min_hold`; the holder keeps the lock (and its owner key) for <ms> more
 -- instead of releasing it now, and leaves the same proof (kept at least that long), so a
 -- retry whose first try's reply was lost is a success, not a loss. No hand-over: nobody may
