@@ -332,7 +332,9 @@ fn inject(
         None => (None, None),
     };
     let mut faults = Vec::new();
-    let end = Instant::now() + secs;
+    let (start, end) = (Instant::now(), Instant::now() + secs);
+    // The generator restarts the lock server at least once, from the run's middle on.
+    let mut restarted = server.is_none();
     while Instant::now() + ms(300) < end {
         let from = mono_ns();
         thread::sleep(rng.ms(20, 250));
@@ -344,7 +346,14 @@ fn inject(
         } else {
             Direction::ToServer
         };
-        let fault = match rng.range(0, if disturbed.is_some() { 10 } else { 7 }) {
+        let draw = rng.range(0, if disturbed.is_some() { 10 } else { 7 });
+        let draw = if !restarted && start.elapsed() > secs / 2 {
+            9
+        } else {
+            draw
+        };
+        restarted |= draw == 9;
+        let fault = match draw {
             0 => {
                 let d = rng.ms(10, 700);
                 p.delay(dir, d);

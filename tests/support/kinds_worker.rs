@@ -642,10 +642,17 @@ async fn one_op(
 /// write section is covered.
 async fn nested(locker: &Locker, key: &str, kind: Kind, fence: u64, ev: &Log) {
     let now = LockOptions::new().wait(Duration::ZERO);
+    // Through the attribute half the time: the macro's expansion must nest as `run` does.
+    let attr = fence % 64 < 32;
     let verdict = match kind {
         Kind::Read | Kind::Permits(_) => {
             let keys = [key.to_owned(), format!("kinds:{}", MULTI_KEYS[3])];
-            match locker.run_all(keys, now, async {}).await {
+            let res = if attr {
+                attr_multi(locker, key).await
+            } else {
+                locker.run_all(keys, now, async {}).await
+            };
+            match res {
                 Err(lockrt::LockError::KindConflict { .. } | lockrt::LockError::ShutDown) => {
                     "ok".to_owned()
                 }
@@ -653,11 +660,12 @@ async fn nested(locker: &Locker, key: &str, kind: Kind, fence: u64, ev: &Log) {
                 other => format!("BAD:multi-key-inside-{kind}:{other:?}"),
             }
         }
-        _ => match locker
-            .run(key, LockOptions::new().read().wait(Duration::ZERO), async {
-            })
-            .await
-        {
+        _ => match if attr {
+            attr_read(locker, key).await
+        } else {
+            let read = LockOptions::new().read().wait(Duration::ZERO);
+            locker.run(key, read, async {}).await
+        } {
             Ok(()) | Err(lockrt::LockError::ShutDown) => "ok".to_owned(),
             Err(e) if e.is_lost() => "ok".to_owned(),
             Err(e) => format!("BAD:read-inside-write:{e:?}"),
@@ -668,6 +676,18 @@ async fn nested(locker: &Locker, key: &str, kind: Kind, fence: u64, ev: &Log) {
         std::process::id(),
         verdict.replace(' ', "_")
     ));
+}
+
+/// `run_all` over `key` and another key, through the attribute (`nested`).
+#[lockrt::distributed_lock(keys = ["{key}", "kinds:m3"], locker = locker, wait = "0s")]
+async fn attr_multi(locker: &Locker, key: &str) -> Result<(), lockrt::LockError> {
+    Ok(())
+}
+
+/// A read section of `key`, through the attribute (`nested`).
+#[lockrt::distributed_lock(key = "{key}", locker = locker, mode = "read", wait = "0s")]
+async fn attr_read(locker: &Locker, key: &str) -> Result<(), lockrt::LockError> {
+    Ok(())
 }
 
 /// The section's outcome, or the release's `Lost`: the caller is told the lock was lost.
