@@ -686,3 +686,64 @@ fn mix_checker_counts_a_cancelled_section_as_told_only_when_a_forced_unlock_may_
     let lines = ["F 3 kinds:sem 1500 1510 ok".to_owned()];
     assert!(mix::cut_by_force(&lines, &h, &[], &only_told).is_empty());
 }
+
+/// A told writer's late write sets the counter back several steps: every value read again
+/// after it is explained by that one write, and only by a write that landed after the value
+/// was first read.
+#[test]
+fn kinds_checker_excuses_the_repeats_one_late_told_write_causes() {
+    let w = |pid, fence, span, read| Section {
+        read_value: Some(read),
+        ..sec(pid, Kind::Exclusive, fence, span)
+    };
+    // Pid 1 read 21 and wrote 22 only at 900, after others had taken the counter to 24.
+    let h = [
+        w(1, 64, (100, 900), 21),
+        w(2, 96, (200, 250), 21),
+        w(2, 128, (300, 350), 22),
+        w(2, 160, (400, 450), 23),
+        w(2, 192, (950, 990), 22),
+        w(2, 224, (1_000, 1_050), 23),
+    ];
+    let judge = |told: &Told| {
+        let r = kinds::check_told(&h, &[], kinds::State::default(), told, &[]);
+        (r.lost_updates, r.excused_lost_updates)
+    };
+    let told: Told = [(1, 64)].into_iter().collect();
+    assert_eq!(
+        judge(&told),
+        (3, 3),
+        "21 by the told writer, 22 and 23 by its late write"
+    );
+    assert_eq!(
+        judge(&Told::new()),
+        (3, 0),
+        "nobody was told: three lost updates"
+    );
+}
+
+/// A permit holder that was told `Lost` may see more than n inside: the limit holds among the
+/// others.
+#[test]
+fn kinds_checker_lets_a_told_permit_holder_see_more_than_n_inside() {
+    let p = Kind::Permits(3);
+    let h: Vec<Section> = (0..4u32)
+        .map(|i| {
+            let mut s = sec(
+                i + 1,
+                p,
+                32 * u64::from(i + 1),
+                (100 + u64::from(i) * 10, 500),
+            );
+            s.extra = Some(i64::from(i) + 1);
+            s
+        })
+        .collect();
+    let judge = |told: &Told| {
+        let r = kinds::check_told(&h, &[], kinds::State::default(), told, &[]);
+        r.over_limit.len()
+    };
+    assert!(judge(&Told::new()) > 0, "a fourth holder inside");
+    let fourth: Told = [(4, 128)].into_iter().collect();
+    assert_eq!(judge(&fourth), 0, "the fourth was told Lost");
+}

@@ -348,10 +348,13 @@ fn lost_updates(r: &mut Report, rw: &[&Section], ex: &Excuses) {
     for (value, group) in by_value.iter().filter(|(_, g)| g.len() > 1) {
         let lost = group.len() - 1;
         let stalled = count(group, |s| ex.frozen(s) || ex.told(s));
-        // A writer told `Lost` (or frozen) whose last write landed late may have set the
-        // counter back to `value`, so that one more writer read it.
-        let late = (by_value.get(&(value - 1)).into_iter().flatten())
-            .filter(|s| ex.frozen(s) || ex.told(s))
+        // A writer told `Lost` (or frozen) whose last write landed late set the counter back
+        // to what it had read plus one: every value from there up to where the counter had got
+        // is read once more. Each such write explains one repeat of `value` when it read less
+        // and landed after `value` was first read.
+        let first_read = group.iter().map(|s| s.acquired).min().unwrap_or(0);
+        let late = (by_value.range(..value).flat_map(|(_, g)| g))
+            .filter(|s| (ex.frozen(s) || ex.told(s)) && s.end > first_read)
             .count();
         r.lost_updates += lost;
         r.excused_lost_updates += lost.min(stalled + late);
@@ -419,7 +422,8 @@ fn permit_counts(r: &mut Report, permits: &[&Section], ex: &Excuses) {
                     .iter()
                     .any(|t| t.pid == o.pid && t.stop <= s.claimed && t.cont >= o.acquired)
         });
-        let told = count(permits, |o| inside(o) && ex.told(o));
+        // This holder too, when it was told `Lost`: the promise is about the others.
+        let told = count(permits, |o| inside(o) && ex.told(o)) + usize::from(ex.told(s));
         if v - frozen as i64 > i64::from(n) && v - (frozen + told) as i64 <= i64::from(n) {
             r.told_overlaps += 1;
         } else if v - frozen as i64 > i64::from(n) {
