@@ -146,6 +146,10 @@ fn run_seeds(seeds: &[u64], workers: usize, secs: Duration, schedule: Schedule) 
         let mut v = rep.violations();
         if let Some(m) = &res.mix {
             println!("FIGURE {name} seed {seed}: generator: {}", m.summary());
+            let pairs: Vec<String> = (m.pairs.iter())
+                .map(|((a, b), n)| format!("{a}x{b}={n}"))
+                .collect();
+            println!("PAIRS {name} seed {seed}: {}", pairs.join(" "));
             v.extend(m.violations());
         }
         if let Some(st) = &res.state {
@@ -412,16 +416,19 @@ fn inject(
         if let Some(d) = disturbed.as_deref_mut() {
             // Effects of a fault outlast it by a response timeout or so.
             let to = mono_ns() + 500_000_000;
-            let (pid, wiped) = match fault.as_str() {
-                "restart" => (mix::EVERYONE, true),
-                "server-stop" => (mix::EVERYONE, false),
-                _ => (workers[w].pid(), false),
+            let (pid, wiped, what) = match fault.as_str() {
+                "restart" => (mix::EVERYONE, true, "restart"),
+                "server-stop" => (mix::EVERYONE, false, "server_stop"),
+                "stop" => (workers[w].pid(), false, "stop"),
+                "quiet" => (workers[w].pid(), false, "quiet"),
+                _ => (workers[w].pid(), false, "conn_fault"),
             };
             d.push(mix::Disturbed {
                 pid,
                 from,
                 to,
                 wiped,
+                what,
             });
         }
     }
@@ -623,6 +630,7 @@ fn mix_checker_fails_a_writer_inside_a_min_hold_unless_a_forced_unlock_may_have_
         from: 2_500 * MS,
         to: 3_200 * MS,
         wiped: false,
+        what: "conn_fault",
     };
     assert_eq!(
         judge(&[m, &failed], &[held]),
@@ -685,6 +693,19 @@ fn mix_checker_counts_a_cancelled_section_as_told_only_when_a_forced_unlock_may_
     let only_told: Told = [(2, 96)].into_iter().collect();
     let lines = ["F 3 kinds:sem 1500 1510 ok".to_owned()];
     assert!(mix::cut_by_force(&lines, &h, &[], &only_told).is_empty());
+    // Cut short after its entry: inside until it left the oracle's count.
+    let short = Section {
+        end: 0,
+        wake: 0,
+        left: 2_000,
+        ..sec(5, Kind::Permits(3), 128, (1_000, 1_010))
+    };
+    let cancelled: Told = [(5, 128)].into_iter().collect();
+    let got = mix::cut_by_force(&lines, &[short], &[], &cancelled);
+    assert!(
+        got.contains(&(5, 128)),
+        "a forced unlock while it was inside"
+    );
 }
 
 /// A told writer's late write sets the counter back several steps: every value read again

@@ -69,9 +69,10 @@ pub(crate) fn main() {
         // others at the end): sections in flight see `Lost`, later calls `ShutDown`.
         if let (Some(at), true) = (cfg.get("shutdown_ms"), events.is_some()) {
             let (locker, at) = (locker.clone(), ms(at.parse().unwrap()));
+            let ev = events.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(at).await;
-                locker.shutdown().await;
+                shut_down(&locker, ev.as_ref()).await;
             });
         }
         let job = events
@@ -103,7 +104,7 @@ pub(crate) fn main() {
         }
         if let Some(ev) = &events {
             // The job's run in flight, if any, ends with the shutdown.
-            locker.shutdown().await;
+            shut_down(&locker, Some(ev)).await;
             if let Some(job) = job {
                 let _ = tokio::time::timeout(ms(5_000), job).await;
             }
@@ -113,6 +114,15 @@ pub(crate) fn main() {
     });
     drop(rt);
     println!("WORKER {} {tallies:?}", std::process::id());
+}
+
+/// `locker.shutdown()`, recorded as `D <pid> <start ns> <end ns>` (`support::mix`).
+async fn shut_down(locker: &Locker, ev: Option<&Log>) {
+    let start = mono_ns();
+    locker.shutdown().await;
+    if let Some(ev) = ev {
+        ev.append(&format!("D {} {start} {}", std::process::id(), mono_ns()));
+    }
 }
 
 /// What each caller was told about a section whose body ran: `V <pid> <fence> <verdict>`
@@ -332,7 +342,8 @@ impl Caller {
         let nest = mix && kind != Kind::Multi && rng.chance(25);
         // `max_hold` cuts a section short (`Lost`); `on_lost = continue` lets a `run` body
         // finish after a loss, then reports it.
-        if mix && rng.chance(10) {
+        let max_hold = mix && rng.chance(10);
+        if max_hold {
             opts = opts.max_hold(rng.ms(50, 800));
         }
         // Readers and permit holders only: a writer running on after a loss would write the
@@ -390,6 +401,28 @@ impl Caller {
             let pid = std::process::id();
             if let (Some(m), true) = (min_hold, fence != 0) {
                 ev.append(&format!("M {pid} {fence} {}", m.as_millis()));
+            }
+            if fence != 0 {
+                // What this section combined, for the pair counts of `support::mix`.
+                let drawn = [
+                    (min_hold.is_some(), "min_hold"),
+                    (max_hold, "max_hold"),
+                    (fixed, "fixed_lease"),
+                    (nest, "nesting"),
+                    (res.is_err(), "cancellation"),
+                    (go_on, "on_lost_continue"),
+                    (fence % 32 != 0, "local_handoff"),
+                ];
+                let on: Vec<&str> = (drawn.iter()).filter(|d| d.0).map(|d| d.1).collect();
+                ev.append(&format!(
+                    "O {pid} {fence} {start} {} {kind} {}",
+                    mono_ns(),
+                    if on.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        on.join(",")
+                    }
+                ));
             }
             // Until the body began, or the call ended without one (a cancelled call: no).
             let until = match began.load(Ordering::SeqCst) {

@@ -56,6 +56,9 @@ pub struct Disturbed {
     pub to: u64,
     /// A restart without data: every lock was gone at once.
     pub wiped: bool,
+    /// What it was, for the pair counts: `restart`, `server_stop`, `conn_fault` (delay,
+    /// dropped replies, resets, partitions, reordered requests) or `stop` (SIGSTOP).
+    pub what: &'static str,
 }
 
 /// The pid of a [`Disturbed`] that concerns every worker: the lock server's own fault.
@@ -87,6 +90,8 @@ pub struct Report {
     pub job_broken: Vec<String>,
     pub left_after_shutdown: Vec<String>,
     pub inexact_fences: Vec<String>,
+    /// How many sections (and `every()` runs) combined each pair of features.
+    pub pairs: BTreeMap<(&'static str, &'static str), usize>,
 }
 
 impl Report {
@@ -183,13 +188,104 @@ pub fn cut_by_force(
     (sections.iter())
         .filter(|s| cancelled.contains(&super::kinds::multi::ident(s)))
         .filter(|s| {
-            let end = s.last_effect();
+            // A permit holder counts as inside until it left the oracle's count.
+            let end = s.last_effect().max(s.left);
             (forced.iter()).any(|&(key, sent, by)| held(s, key) && sent < end && by > s.acquired)
                 || wiped(s.acquired, end, faults)
         })
         .map(super::kinds::multi::ident)
         .collect()
 }
+
+/// For every section (`O` records) and `every()` run (`J`): the features it combined, its
+/// own (kind, options, nesting, cancellation, local hand-off) and what happened to it while
+/// it ran (its worker's `shutdown()`, a forced unlock of a key it held, a connection fault,
+/// a SIGSTOP of its worker, a stop or restart of the lock server); counted per pair.
+fn pairs(
+    lines: &[String],
+    sections: &[Section],
+    stalls: &[Stall],
+    faults: &[Disturbed],
+    runs: &BTreeMap<u64, Vec<(u32, u64, u64, u64)>>,
+) -> BTreeMap<(&'static str, &'static str), usize> {
+    let fields: Vec<Vec<&str>> = (lines.iter())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let of = |tag: &str| {
+        (fields.iter())
+            .filter(|f| f.first() == Some(&tag))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let (shutdowns, forced) = (of("D"), of("F"));
+    let around = |pid: u32, from: u64, to: u64, out: &mut Vec<&'static str>, keys: &[&str]| {
+        if (shutdowns.iter())
+            .any(|d| num(d[1]) as u32 == pid && num(d[2]) <= to && num(d[3]) >= from)
+        {
+            out.push("shutdown");
+        }
+        if (forced.iter()).any(|f| keys.contains(&f[2]) && num(f[3]) <= to && num(f[4]) >= from) {
+            out.push("forced_unlock");
+        }
+        if (stalls.iter()).any(|s| s.pid == pid && s.stop <= to && s.cont >= from) {
+            out.push("stop");
+        }
+        for f in faults.iter().filter(|f| f.touches(pid, from, to)) {
+            out.push(f.what);
+        }
+    };
+    let mut sets: Vec<Vec<&'static str>> = Vec::new();
+    for f in of("O") {
+        let (pid, fence, from, to) = (num(f[1]) as u32, num(f[2]), num(f[3]), num(f[4]));
+        let kind: Kind = f[5].parse().unwrap_or(Kind::Exclusive);
+        let mut out = vec![match kind {
+            Kind::Exclusive => "write",
+            Kind::Read => "read",
+            Kind::Permits(_) => "permits",
+            Kind::Multi => "multi_key",
+        }];
+        for flag in f[6].split(',') {
+            out.extend(FLAGS.iter().find(|&&k| k == flag));
+        }
+        let rw = (sections.iter())
+            .find(|s| s.pid == pid && s.fence == fence)
+            .is_some_and(on_rw);
+        let keys: &[&str] = match kind {
+            Kind::Permits(_) => &["kinds:sem"],
+            _ if rw => &[RW_LOCK],
+            _ => &[],
+        };
+        around(pid, from, to, &mut out, keys);
+        sets.push(out);
+    }
+    for &(pid, _, from, to) in runs.values().flatten() {
+        let mut out = vec!["every"];
+        around(pid, from, to, &mut out, &[]);
+        sets.push(out);
+    }
+    let mut pairs = BTreeMap::new();
+    for mut set in sets {
+        set.sort_unstable();
+        set.dedup();
+        for (i, &a) in set.iter().enumerate() {
+            for &b in &set[i..] {
+                *pairs.entry((a, b)).or_default() += 1;
+            }
+        }
+    }
+    pairs
+}
+
+/// The options and circumstances an `O` record may name.
+const FLAGS: [&str; 7] = [
+    "min_hold",
+    "max_hold",
+    "fixed_lease",
+    "nesting",
+    "cancellation",
+    "on_lost_continue",
+    "local_handoff",
+];
 
 /// Whether section `s` held the read-write key (the key `min_hold` writers use).
 fn on_rw(s: &Section) -> bool {
@@ -294,10 +390,11 @@ pub fn check(
                 runs.entry(num(f[2])).or_default().push(run);
             }
             Some("L") => r.left_after_shutdown.push(line.clone()),
-            Some("F") => {}
+            Some("F" | "O" | "D") => {}
             _ => panic!("bad mix record {line:?}"),
         }
     }
+    r.pairs = pairs(lines, sections, stalls, faults, &runs);
     r.job_ticks = runs.len();
     let mut all: Vec<(u64, u64, u32, u64, u64)> = Vec::new();
     for (tick, rs) in &runs {
