@@ -27,7 +27,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use kinds_worker::MULTI_KEYS;
-use lockrt::testing::{Direction, FaultProxy, RedisServer};
+use lockrt::testing::{Direction, FaultProxy, NodeRole, RedisCluster, RedisServer, slot_of};
 use support::history::{self, KeyPart, Rng, Section, Stall, Stalls, Worker, mono_ns, seeds};
 use support::kinds::oracle::Oracle;
 use support::kinds::{self, Kind, Told};
@@ -96,6 +96,20 @@ fn chaos_mix_long() {
     );
 }
 
+/// The interaction generator on a Redis Cluster (3 masters, one replica each, no proxies):
+/// 2 seeds, 3 workers, 12 s each, under slot migrations of the locks' slots, coordinated
+/// failovers and stopped masters and workers (`cluster_faults`).
+#[test]
+#[ignore = "chaos: run with cargo xtask chaos"]
+fn chaos_mix_cluster_long() {
+    run_seeds(
+        &seeds([61, 62]),
+        3,
+        Duration::from_secs(12),
+        Schedule::MixCluster,
+    );
+}
+
 /// What the test does to the workers meanwhile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Schedule {
@@ -105,6 +119,15 @@ enum Schedule {
     Restarts,
     /// `Faults` with reordered requests, and the interaction generator in the workers.
     Mix,
+    /// The interaction generator on a Redis Cluster: slot migrations of the locks' slots,
+    /// coordinated failovers, stopped masters and workers (`cluster_faults`).
+    MixCluster,
+}
+
+impl Schedule {
+    fn mix(self) -> bool {
+        matches!(self, Schedule::Mix | Schedule::MixCluster)
+    }
 }
 
 /// A seed's checked history, with the stalls and faults the schedule inflicted, and what the
@@ -128,10 +151,13 @@ fn run_seeds(seeds: &[u64], workers: usize, secs: Duration, schedule: Schedule) 
         Schedule::Faults => "chaos_kinds",
         Schedule::Restarts => "chaos_kinds_restart_without_persistence",
         Schedule::Mix => "chaos_mix",
+        Schedule::MixCluster => "chaos_mix_cluster",
     };
+    let cluster = (schedule == Schedule::MixCluster)
+        .then(|| RedisCluster::start(3, 1).expect("a cluster of 3 masters, 1 replica each"));
     let mut failures = Vec::new();
     for &seed in seeds {
-        let servers = (&mut lock_server, &oracle_server);
+        let servers = (&mut lock_server, &oracle_server, cluster.as_ref());
         let res = run_seed(seed, workers, secs, servers, schedule);
         let rep = &res.report;
         println!("seed {seed}: faults: {}", res.faults.join(", "));
@@ -174,9 +200,15 @@ fn run_seed(
     seed: u64,
     n: usize,
     secs: Duration,
-    (lock_server, oracle_server): (&mut RedisServer, &RedisServer),
+    (lock_server, oracle_server, cluster): (&mut RedisServer, &RedisServer, Option<&RedisCluster>),
     schedule: Schedule,
 ) -> SeedResult {
+    let cluster_url = cluster.map(|c| {
+        let seeds: Vec<String> = (0..c.len())
+            .map(|i| format!("127.0.0.1:{}", c.port(i)))
+            .collect();
+        format!("redis+cluster://{}/", seeds.join(","))
+    });
     let dir = scratch_dir(seed);
     let ns = format!("k{seed}-{}", mono_ns());
     let proxies: Vec<FaultProxy> = (0..n)
@@ -184,11 +216,16 @@ fn run_seed(
         .collect();
     let urls = match schedule {
         Schedule::Faults | Schedule::Mix => proxies.iter().map(FaultProxy::url).collect(),
+        Schedule::MixCluster => vec![cluster_url.clone().expect("cluster"); n],
         // Restarts: straight to the server, so nothing but the restart is between them.
         Schedule::Restarts => vec![lock_server.url(); n],
     };
     let cancel = schedule != Schedule::Restarts;
-    let direct = (schedule == Schedule::Mix).then(|| lock_server.url());
+    let direct = match schedule {
+        Schedule::Mix => Some(lock_server.url()),
+        Schedule::MixCluster => cluster_url.clone(),
+        _ => None,
+    };
     let workers = spawn_workers(
         seed,
         &urls,
@@ -210,6 +247,13 @@ fn run_seed(
             Some((&mut disturbed, &mut *lock_server)),
         ),
         Schedule::Restarts => restarts(&mut rng, lock_server, secs),
+        Schedule::MixCluster => cluster_faults(
+            &mut rng,
+            cluster.expect("cluster"),
+            (&workers, &stalls),
+            secs,
+            &mut disturbed,
+        ),
     };
     for w in workers {
         let out = w.join(secs + Duration::from_secs(40));
@@ -221,10 +265,22 @@ fn run_seed(
         }
     }
     // Read before anything else: what every worker left, with nothing running.
-    let left = (schedule == Schedule::Mix).then(|| {
-        let mut conn = lock_server.client().get_connection().expect("lock server");
-        mix::ServerState::read(&mut conn)
-    });
+    let left = match (schedule, cluster) {
+        (Schedule::Mix, _) => {
+            let mut conn = lock_server.client().get_connection().expect("lock server");
+            Some(mix::ServerState::read(&mut conn))
+        }
+        (Schedule::MixCluster, Some(cluster)) => {
+            let mut all = mix::ServerState::default();
+            let nodes = cluster.nodes().expect("cluster nodes");
+            for n in nodes.iter().filter(|n| n.role == NodeRole::Master) {
+                let mut conn = cluster.client(n.index).get_connection().expect("master");
+                all.merge(mix::ServerState::read(&mut conn));
+            }
+            Some(all)
+        }
+        _ => None,
+    };
     let sections = history::load(&dir);
     let (mut told, cancelled, verdicts) = kinds_worker::load_told(&dir);
     let mut oracle = Oracle::connect(&oracle_server.url(), &ns);
@@ -236,7 +292,7 @@ fn run_seed(
     // sections not told `Lost` never overlap.
     let told = match schedule {
         Schedule::Restarts => told,
-        Schedule::Mix => {
+        Schedule::Mix | Schedule::MixCluster => {
             told.extend(mix::cut_by_force(
                 &mix::load(&dir),
                 &sections,
@@ -248,7 +304,8 @@ fn run_seed(
         Schedule::Faults => Told::new(),
     };
     let report = kinds::check_told(&sections, &stalls, state, &told, &keys);
-    let mix = (schedule == Schedule::Mix)
+    let mix = schedule
+        .mix()
         .then(|| mix::check(&mix::load(&dir), &sections, &stalls, &disturbed, &told));
     let failed = !report.violations().is_empty()
         || mix.as_ref().is_some_and(|m| !m.violations().is_empty())
@@ -302,6 +359,88 @@ fn spawn_workers(
             Worker::spawn("worker", &settings, file(i, "out"))
         })
         .collect()
+}
+
+/// The Cluster schedule: one fault at a time, at random moments: the slot of one of the
+/// locks moved to another master (keys migrated in two passes under load, as an operator's
+/// resharding does), a coordinated failover of a master to its replica, a master stopped
+/// (SIGSTOP, below the node timeout), a worker stopped.
+fn cluster_faults(
+    rng: &mut Rng,
+    cluster: &RedisCluster,
+    (workers, stalls): (&[Worker], &Stalls),
+    secs: Duration,
+    disturbed: &mut Vec<mix::Disturbed>,
+) -> Vec<String> {
+    let locks = ["rw", "sem", "m0", "m1", "m2", "m3"].map(|k| format!("lock:kinds:{k}"));
+    let mut faults = Vec::new();
+    let end = Instant::now() + secs;
+    while Instant::now() + ms(1_000) < end {
+        let from = mono_ns();
+        thread::sleep(rng.ms(50, 400));
+        let nodes = cluster.nodes().expect("cluster nodes");
+        let masters: Vec<usize> = (nodes.iter())
+            .filter(|n| n.role == NodeRole::Master)
+            .map(|n| n.index)
+            .collect();
+        let (fault, pid, what) = match rng.range(0, 4) {
+            0 | 1 => {
+                let lock = &locks[rng.range(0, locks.len() as u64 - 1) as usize];
+                let slot = slot_of(lock);
+                let owner = cluster.master_of_slot(slot).expect("slot owner");
+                let others: Vec<usize> = masters.iter().copied().filter(|&m| m != owner).collect();
+                let to = others[rng.range(0, others.len() as u64 - 1) as usize];
+                let m = cluster.begin_slot_migration(slot, to).expect("migrating");
+                thread::sleep(rng.ms(50, 400));
+                let mut moved = m.move_keys().expect("keys moved");
+                thread::sleep(rng.ms(50, 300));
+                moved += m.move_keys().expect("keys moved");
+                m.finish().expect("migration finished");
+                let f = format!("migrate {lock} {owner}->{to} ({moved} keys)");
+                (f, mix::EVERYONE, "migration")
+            }
+            2 => {
+                let replicas: Vec<usize> = (nodes.iter())
+                    .filter(|n| n.role == NodeRole::Replica && !n.paused)
+                    .map(|n| n.index)
+                    .collect();
+                let r = replicas[rng.range(0, replicas.len() as u64 - 1) as usize];
+                // A failover the cluster does not finish in time is reported, not fatal: the
+                // schedule goes on with whatever roles the cluster ended up with.
+                let f = match cluster.failover(r) {
+                    Ok(took) => format!("failover to {r} ({took:?})"),
+                    Err(e) => format!("failover to {r} unfinished: {e}"),
+                };
+                (f, mix::EVERYONE, "failover")
+            }
+            3 => {
+                let m = masters[rng.range(0, masters.len() as u64 - 1) as usize];
+                let hold = rng.ms(50, 900);
+                cluster.pause(m).expect("pause");
+                thread::sleep(hold);
+                cluster.resume(m).expect("resume");
+                (
+                    format!("master {m} stopped {hold:?}"),
+                    mix::EVERYONE,
+                    "server_stop",
+                )
+            }
+            _ => {
+                let w = rng.range(0, workers.len() as u64 - 1) as usize;
+                workers[w].stall(rng.ms(10, 1_500), stalls);
+                (format!("w{w}:stop"), workers[w].pid(), "stop")
+            }
+        };
+        faults.push(fault);
+        disturbed.push(mix::Disturbed {
+            pid,
+            from,
+            to: mono_ns() + 500_000_000,
+            wiped: false,
+            what,
+        });
+    }
+    faults
 }
 
 /// Kills the lock server and starts it again empty, every 0.6-1.8 s until the run's end.

@@ -512,6 +512,16 @@ impl ServerState {
         st
     }
 
+    /// Adds another server's state (a Cluster's masters, one by one).
+    pub fn merge(&mut self, other: ServerState) {
+        self.keys += other.keys;
+        self.locks += other.locks;
+        for (class, n) in other.by_class {
+            *self.by_class.entry(class).or_default() += n;
+        }
+        self.violations.extend(other.violations);
+    }
+
     pub fn summary(&self) -> String {
         format!(
             "{} keys of {} locks after the last worker exited {:?}",
