@@ -282,7 +282,7 @@ fn run_seed(
         _ => None,
     };
     let sections = history::load(&dir);
-    let (mut told, cancelled, verdicts) = kinds_worker::load_told(&dir);
+    let (told, cancelled, verdicts) = kinds_worker::load_told(&dir);
     let mut oracle = Oracle::connect(&oracle_server.url(), &ns);
     let (state, keys) = (oracle.state(), oracle.key_states(&MULTI_KEYS));
     let stalls = stalls.all();
@@ -291,19 +291,14 @@ fn run_seed(
     // shutdowns, end locks under running sections: there the README's promise is checked,
     // sections not told `Lost` never overlap.
     let told = match schedule {
-        Schedule::Restarts => told,
-        Schedule::Mix | Schedule::MixCluster => {
-            told.extend(mix::cut_by_force(
-                &mix::load(&dir),
-                &sections,
-                &disturbed,
-                &cancelled,
-            ));
-            told
-        }
+        Schedule::Restarts | Schedule::Mix | Schedule::MixCluster => told,
         Schedule::Faults => Told::new(),
     };
-    let report = kinds::check_told(&sections, &stalls, state, &told, &keys);
+    let cut = match schedule.mix() {
+        true => mix::cut_by_force(&mix::load(&dir), &sections, &disturbed, &cancelled),
+        false => kinds::Cut::new(),
+    };
+    let report = kinds::check_cut(&sections, &stalls, state, (&told, &cut), &keys);
     let mix = schedule
         .mix()
         .then(|| mix::check(&mix::load(&dir), &sections, &stalls, &disturbed, &told));
@@ -781,6 +776,13 @@ fn mix_checker_fails_a_writer_inside_a_min_hold_unless_a_forced_unlock_may_have_
     assert_eq!(judge(&[m, &failed], &[elsewhere]), 0);
     let long_ago = format!("F 3 kinds:rw {} {} err", 10 * MS, 20 * MS);
     assert_eq!(judge(&[m, &long_ago], &[elsewhere]), 1);
+    // One sent only after the other writer had entered explains nothing.
+    let after = format!("F 3 kinds:rw {} {} ok", 3_300 * MS, 3_310 * MS);
+    assert_eq!(
+        judge(&[m, &after], &[]),
+        1,
+        "forced after the writer entered"
+    );
 }
 
 /// Stale acceptance is judged by what had reached the oracle: a reader sent its read before
@@ -816,7 +818,7 @@ fn mix_checker_counts_a_cancelled_section_as_told_only_when_a_forced_unlock_may_
     let cut = |line: &str| {
         let lines = [line.to_owned()];
         let mut v: Vec<(u32, u64)> = mix::cut_by_force(&lines, &h, &[], &cancelled)
-            .into_iter()
+            .into_keys()
             .collect();
         v.sort_unstable();
         v
@@ -842,7 +844,7 @@ fn mix_checker_counts_a_cancelled_section_as_told_only_when_a_forced_unlock_may_
     let cancelled: Told = [(5, 128)].into_iter().collect();
     let got = mix::cut_by_force(&lines, &[short], &[], &cancelled);
     assert!(
-        got.contains(&(5, 128)),
+        got.contains_key(&(5, 128)),
         "a forced unlock while it was inside"
     );
 }
@@ -906,4 +908,33 @@ fn kinds_checker_lets_a_told_permit_holder_see_more_than_n_inside() {
     assert!(judge(&Told::new()) > 0, "a fourth holder inside");
     let fourth: Told = [(4, 128)].into_iter().collect();
     assert_eq!(judge(&fourth), 0, "the fourth was told Lost");
+}
+
+/// A cancelled section cut by a forced unlock excuses only what entered after the forced
+/// unlock: an overlap with a section that entered before it stays a violation.
+#[test]
+fn kinds_checker_excuses_a_cut_section_only_for_what_entered_after_the_cut() {
+    const MS: u64 = 1_000_000;
+    let cancelled_writer = sec(1, Kind::Exclusive, 64, (100 * MS, 500 * MS));
+    let other = sec(2, Kind::Exclusive, 96, (200 * MS, 300 * MS));
+    let h = [cancelled_writer, other];
+    let cancelled: Told = [(1, 64)].into_iter().collect();
+    let overlaps = |force_at: u64| {
+        let lines = [format!(
+            "F 3 kinds:rw {} {} ok",
+            force_at * MS,
+            (force_at + 10) * MS
+        )];
+        let cut = mix::cut_by_force(&lines, &h, &[], &cancelled);
+        let st = kinds::State::default();
+        kinds::check_cut(&h, &[], st, (&Told::new(), &cut), &[])
+            .overlaps
+            .len()
+    };
+    assert_eq!(overlaps(150), 0, "the forced unlock let the other in");
+    assert_eq!(
+        overlaps(400),
+        1,
+        "the other was inside before the forced unlock"
+    );
 }

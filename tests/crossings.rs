@@ -730,3 +730,52 @@ async fn c12_an_attempt_landing_after_its_lost_lease_was_released_takes_nothing(
         );
     }
 }
+
+/// Rule: no request of a token changes a lock after that token's lease ended, also when a
+/// forced unlock ended it. A holder whose first acquire attempt is held up in the network
+/// (its retry took the lock) is force-unlocked while its revocation message is lost; another
+/// locker takes and releases the lock; the held attempt lands: it must take nothing, and the
+/// holder must hear it lost the lock (before, the attempt took the lock back for the same
+/// token, the holder's renewals found it their own, and its release returned `Ok` although
+/// another owner had held the lock inside its section).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c13_an_attempt_landing_after_a_forced_unlock_takes_nothing() {
+    let server = RedisServer::start().expect("start redis-server");
+    let proxy = FaultProxy::in_front_of(&server).expect("start proxy");
+    let mut direct = direct(&server).await;
+    let builder = Locker::builder().response_timeout(ms(300));
+    let (holder, _warm) = warmed(&proxy, &mut direct, builder).await;
+    let (admin, other) = (
+        Locker::connect(&server.url()).await.unwrap(),
+        Locker::connect(&server.url()).await.unwrap(),
+    );
+    let held_before = proxy.counters().requests_held;
+    assert!(proxy.hold_requests() >= 1, "a command connection is open");
+    let g = holder
+        .acquire("forced", opts().ttl(ms(3_000)).wait(ms(5_000)))
+        .await
+        .expect("the retry took the lock");
+    assert!(
+        proxy.counters().requests_held > held_before,
+        "the first attempt is held in the network"
+    );
+    // The revocation message to the holder's subscriber is lost.
+    proxy.drop_replies(1);
+    assert!(admin.force_unlock("forced").await.unwrap(), "was held");
+    let taken = other
+        .acquire("forced", opts().ttl(ms(3_000)).wait(ms(1_000)))
+        .await
+        .expect("free after the forced unlock");
+    taken.release().await.unwrap();
+    deliver(&proxy).await;
+    let info = admin.lock_info("forced").await.unwrap();
+    assert!(
+        info.is_none(),
+        "the attempt that landed after the forced unlock took the lock back: {info:?}"
+    );
+    let end = g.release().await;
+    assert!(
+        end.as_ref().is_err_and(LockError::is_lost),
+        "the force-unlocked holder's release: {end:?}"
+    );
+}

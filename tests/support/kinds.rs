@@ -121,6 +121,11 @@ pub struct Report {
 /// Sections whose caller was told the lock was lost, by [`multi::ident`].
 pub type Told = HashSet<(u32, u64)>;
 
+/// Sections whose callers left (cancelled) before they could hear that their lock was ended
+/// under them, with the earliest moment it may have been ended (a forced unlock sent, a
+/// restart without data): they count as told for what started from then on, not before.
+pub type Cut = std::collections::HashMap<(u32, u64), u64>;
+
 fn of(s: &[Section], k: impl Fn(Kind) -> bool) -> Vec<&Section> {
     let mut v: Vec<&Section> = s.iter().filter(|s| k(s.kind) && s.acquired != 0).collect();
     v.sort_by_key(|s| (s.acquired, s.fence));
@@ -139,6 +144,17 @@ pub fn check_told(
     stalls: &[Stall],
     state: State,
     told: &Told,
+    keys: &[multi::KeyState],
+) -> Report {
+    check_cut(sections, stalls, state, (told, &Cut::new()), keys)
+}
+
+/// [`check_told`], where the sections in `cut` count as told from their moment on.
+pub fn check_cut(
+    sections: &[Section],
+    stalls: &[Stall],
+    state: State,
+    (told, cut): (&Told, &Cut),
     keys: &[multi::KeyState],
 ) -> Report {
     let mut r = Report {
@@ -160,7 +176,7 @@ pub fn check_told(
     let mut rw = of(sections, |k| k == Kind::Exclusive || k == Kind::Read);
     rw.extend(&on_rw);
     rw.sort_by_key(|s| (s.acquired, s.fence));
-    let ex = Excuses { stalls, told };
+    let ex = Excuses { stalls, told, cut };
     rw_overlaps(&mut r, &rw, &ex);
     rw_fences(&mut r, &rw, &ex);
     readers(&mut r, &rw, &ex);
@@ -176,6 +192,7 @@ pub fn check_told(
 struct Excuses<'a> {
     stalls: &'a [Stall],
     told: &'a Told,
+    cut: &'a Cut,
 }
 
 impl Excuses<'_> {
@@ -185,6 +202,14 @@ impl Excuses<'_> {
 
     fn told(&self, s: &Section) -> bool {
         self.told.contains(&multi::ident(s))
+    }
+
+    /// Told, or cut under its caller at most a scheduling allowance after `at` (when the
+    /// later section of a pair started).
+    fn told_by(&self, s: &Section, at: u64) -> bool {
+        const SLACK_NS: u64 = 30_000_000;
+        self.told(s)
+            || (self.cut.get(&multi::ident(s))).is_some_and(|&t| t <= at.saturating_add(SLACK_NS))
     }
 }
 
@@ -200,7 +225,7 @@ fn rw_overlaps(r: &mut Report, rw: &[&Section], ex: &Excuses) {
             }
             if ex.frozen(a) {
                 r.excused_overlaps += 1;
-            } else if ex.told(a) || ex.told(s) {
+            } else if ex.told_by(a, s.acquired) || ex.told_by(s, s.acquired) {
                 // Either side told `Lost` (a forced unlock's revocation reaches a holder whose
                 // body just started a moment later): the promise is about the others.
                 r.told_overlaps += 1;
@@ -231,7 +256,7 @@ fn rw_fences(r: &mut Report, rw: &[&Section], ex: &Excuses) {
         if s.claim.is_some()
             && let Some(b) = bound.filter(|b| b.fence >= s.fence)
         {
-            if ex.told(s) || ex.told(b) {
+            if ex.told_by(s, s.acquired) || ex.told_by(b, s.acquired) {
                 r.told_overlaps += 1;
             } else {
                 r.fence_order.push(format!("{s} started after {b}"));
@@ -374,7 +399,8 @@ fn permit_sweep(r: &mut Report, permits: &[&Section], ex: &Excuses) {
         r.max_permits = r.max_permits.max(inside);
         if inside > n as usize {
             let frozen = count(&active, |a| ex.frozen(a));
-            let told = count(&active, |a| ex.told(a)) + usize::from(ex.told(s));
+            let told = count(&active, |a| ex.told_by(a, s.acquired))
+                + usize::from(ex.told_by(s, s.acquired));
             if inside - frozen <= n as usize {
                 r.excused_over_limit += 1;
             } else if inside - frozen - told.min(inside - frozen) <= n as usize {
@@ -423,7 +449,8 @@ fn permit_counts(r: &mut Report, permits: &[&Section], ex: &Excuses) {
                     .any(|t| t.pid == o.pid && t.stop <= s.claimed && t.cont >= o.acquired)
         });
         // This holder too, when it was told `Lost`: the promise is about the others.
-        let told = count(permits, |o| inside(o) && ex.told(o)) + usize::from(ex.told(s));
+        let told = count(permits, |o| inside(o) && ex.told_by(o, s.acquired))
+            + usize::from(ex.told_by(s, s.acquired));
         if v - frozen as i64 > i64::from(n) && v - (frozen + told) as i64 <= i64::from(n) {
             r.told_overlaps += 1;
         } else if v - frozen as i64 > i64::from(n) {

@@ -169,7 +169,7 @@ pub fn cut_by_force(
     sections: &[Section],
     faults: &[Disturbed],
     cancelled: &super::kinds::Told,
-) -> super::kinds::Told {
+) -> super::kinds::Cut {
     let forced: Vec<(&str, u64, u64)> = lines
         .iter()
         .filter_map(|l| {
@@ -185,16 +185,24 @@ pub fn cut_by_force(
         RW_LOCK => on_rw(s),
         _ => matches!(s.kind, Kind::Permits(_)),
     };
-    (sections.iter())
+    let mut cut = super::kinds::Cut::new();
+    for s in sections
+        .iter()
         .filter(|s| cancelled.contains(&super::kinds::multi::ident(s)))
-        .filter(|s| {
-            // A permit holder counts as inside until it left the oracle's count.
-            let end = s.last_effect().max(s.left);
-            (forced.iter()).any(|&(key, sent, by)| held(s, key) && sent < end && by > s.acquired)
-                || wiped(s.acquired, end, faults)
-        })
-        .map(super::kinds::multi::ident)
-        .collect()
+    {
+        // A permit holder counts as inside until it left the oracle's count.
+        let end = s.last_effect().max(s.left);
+        let by_force = (forced.iter())
+            .filter(|&&(key, sent, by)| held(s, key) && sent < end && by > s.acquired)
+            .map(|&(_, sent, _)| sent);
+        let by_restart = (faults.iter())
+            .filter(|f| f.wiped && f.touches(EVERYONE, s.acquired, end))
+            .map(|f| f.from);
+        if let Some(t) = by_force.chain(by_restart).min() {
+            cut.insert(super::kinds::multi::ident(s), t);
+        }
+    }
+    cut
 }
 
 /// For every section (`O` records) and `every()` run (`J`): the features it combined, its
@@ -342,19 +350,19 @@ pub fn check(
                     continue;
                 };
                 let until = s.acquired + hold.saturating_sub(SLACK_NS);
-                // A forced unlock or a restart without data ends a kept lock as any other.
-                if forced
-                    .iter()
-                    .any(|&(sent, by)| sent < until && by + SLACK_NS > s.acquired)
-                    || wiped(s.acquired, until, faults)
-                {
-                    continue;
-                }
                 for o in sections
                     .iter()
                     .filter(|o| on_rw(o) && o.acquired > s.acquired)
                 {
-                    if (o.pid, o.fence) != (pid, fence) && o.acquired < until {
+                    if (o.pid, o.fence) == (pid, fence) || o.acquired >= until {
+                        continue;
+                    }
+                    // A forced unlock or a restart without data ends a kept lock as any
+                    // other, when it came before this one entered.
+                    let ended = (forced.iter()).any(|&(sent, by)| {
+                        sent <= o.acquired + SLACK_NS && by + SLACK_NS > s.acquired
+                    }) || wiped(s.acquired, o.acquired + SLACK_NS, faults);
+                    if !ended {
                         r.min_hold_broken.push(format!(
                             "pid {pid} fence {fence} min_hold {} ms: pid {} fence {} started \
                              {:.1} ms after it",
@@ -421,11 +429,18 @@ pub fn check(
     all.sort_unstable();
     for w in all.windows(2) {
         let ((_, end, pid, fence, _), (start, _, _, fence2, _)) = (w[0], w[1]);
-        if end > start && !disturbed(pid, start, end, stalls, faults) {
+        // A stop of the server, a migration or a failover lose nothing: the first runner is
+        // cancelled at its own deadline and the counter stays; only its worker's faults or a
+        // restart without data explain these two.
+        let own: Vec<Disturbed> = (faults.iter())
+            .filter(|f| f.pid != EVERYONE || f.wiped)
+            .copied()
+            .collect();
+        if end > start && !disturbed(pid, start, end, stalls, &own) {
             r.job_broken
                 .push(format!("runs overlap: {:?} and {:?}", w[0], w[1]));
         }
-        if fence2 <= fence && !disturbed(pid, start, end, stalls, faults) {
+        if fence2 <= fence && !disturbed(pid, start, end, stalls, &own) {
             r.job_broken.push(format!(
                 "job fences not increasing: {:?} then {:?}",
                 w[0], w[1]
