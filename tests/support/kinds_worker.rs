@@ -195,20 +195,31 @@ const CONNECT: Duration = Duration::from_millis(300);
 
 /// The generator's `every()` job: a 250 ms tick, each finished run recorded (`J`).
 async fn job(locker: Locker, ev: Log) {
-    let opts = LockOptions::new().ttl(ms(200));
+    // Half the workers run it on a fixed lease; every run takes a nested lock.
+    let fixed = std::process::id().is_multiple_of(2);
+    let opts = LockOptions::new().ttl(ms(200)).watchdog(!fixed);
     let l = locker.clone();
     let _ = lockrt::every(&l, JOB, ms(250), opts, |tick| {
-        let ev = ev.clone();
+        let (ev, locker) = (ev.clone(), locker.clone());
         async move {
             let start = mono_ns();
             let fence = lockrt::current_lock().map_or(0, |h| h.fence());
-            tokio::time::sleep(ms(20)).await;
+            let inner = LockOptions::new().ttl(ms(500)).wait(Duration::ZERO);
+            let _ = locker
+                .run(JOB_NESTED, inner, tokio::time::sleep(ms(10)))
+                .await;
+            tokio::time::sleep(ms(10)).await;
             let tick = tick
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_millis();
+            let flags = if fixed {
+                "nesting,fixed_lease"
+            } else {
+                "nesting"
+            };
             ev.append(&format!(
-                "J {} {tick} {fence} {start} {}",
+                "J {} {tick} {fence} {start} {} {flags}",
                 std::process::id(),
                 mono_ns()
             ));
@@ -219,6 +230,8 @@ async fn job(locker: Locker, ev: Log) {
 
 /// The generator's job name.
 const JOB: &str = "kinds:job";
+/// The lock each run of the job takes inside its tick's section.
+const JOB_NESTED: &str = "kinds:job-nested";
 
 /// After `shutdown()`: every lock of the keys this worker used that its locker still holds
 /// (`L`), read straight from the server. A claim of a finished tick, kept on purpose, is

@@ -10,7 +10,8 @@
 //! - `B <pid> <start ns> <end ns> <bound ns>`: a call that took longer than `wait` plus one
 //!   connect and one response timeout (and a scheduling allowance) to start its body or fail.
 //!   A violation unless the worker was stopped (SIGSTOP) meanwhile.
-//! - `J <pid> <tick ms> <fence> <start ns> <end ns>`: a finished run of the `every()` job.
+//! - `J <pid> <tick ms> <fence> <start ns> <end ns> [<flags>]`: a finished run of the
+//!   `every()` job (flags: `nesting`, `fixed_lease`).
 //!   At most one finished run per tick and no two runs at once, unless a stall or a fault of
 //!   the first runner's worker explains it (the documented at-least-once instant).
 //! - `F <pid> <key> <sent ns> <done ns> <ok|err>`: a forced unlock of `key`; it ends a
@@ -214,7 +215,6 @@ fn pairs(
     sections: &[Section],
     stalls: &[Stall],
     faults: &[Disturbed],
-    runs: &BTreeMap<u64, Vec<(u32, u64, u64, u64)>>,
 ) -> BTreeMap<(&'static str, &'static str), usize> {
     let fields: Vec<Vec<&str>> = (lines.iter())
         .map(|l| l.split_whitespace().collect())
@@ -266,8 +266,12 @@ fn pairs(
         around(pid, from, to, &mut out, keys);
         sets.push(out);
     }
-    for &(pid, _, from, to) in runs.values().flatten() {
+    for f in of("J") {
+        let (pid, from, to) = (num(f[1]) as u32, num(f[4]), num(f[5]));
         let mut out = vec!["every"];
+        for flag in f.get(6).map_or("", |v| v).split(',') {
+            out.extend(FLAGS.iter().find(|&&k| k == flag));
+        }
         around(pid, from, to, &mut out, &[]);
         sets.push(out);
     }
@@ -402,7 +406,7 @@ pub fn check(
             _ => panic!("bad mix record {line:?}"),
         }
     }
-    r.pairs = pairs(lines, sections, stalls, faults, &runs);
+    r.pairs = pairs(lines, sections, stalls, faults);
     r.job_ticks = runs.len();
     let mut all: Vec<(u64, u64, u32, u64, u64)> = Vec::new();
     for (tick, rs) in &runs {
