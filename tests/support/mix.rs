@@ -32,6 +32,9 @@ use std::path::Path;
 use super::history::{Section, Stall};
 use super::kinds::Kind;
 
+/// The lock names of the generator's `every()` job's claims (`kinds:job:tick:<slot>`).
+const JOB_CLAIMS: &str = "lock:kinds:job:tick:";
+
 /// The lock key of the read-write key (the key `min_hold` writers take).
 const RW_LOCK: &str = "kinds:rw";
 
@@ -465,6 +468,8 @@ pub struct ServerState {
     pub by_class: BTreeMap<String, usize>,
     /// Distinct lock names (hash tags).
     pub locks: usize,
+    /// Claim locks of the generator's `every()` job (one per slot of its tick at most).
+    pub job_claims: usize,
     pub violations: Vec<String>,
 }
 
@@ -528,6 +533,30 @@ impl ServerState {
         }
         st.keys = keys.len();
         st.locks = tags.len();
+        // State per lock, not per use: besides its release proofs (which expire), a lock has at
+        // most its 7 fixed keys; the job at most one claim per slot of its tick (64 ticks plus
+        // 10 minutes' worth, plus 2).
+        let mut per_tag: BTreeMap<&str, usize> = BTreeMap::new();
+        for key in keys.iter().filter(|k| !k.contains(":done:")) {
+            let tag = match key.find('}').filter(|_| key.starts_with('{')) {
+                Some(close) => &key[1..close],
+                None => key.as_str(),
+            };
+            *per_tag.entry(tag).or_default() += 1;
+        }
+        for (tag, n) in per_tag.iter().filter(|&(_, &n)| n > 7) {
+            st.violations
+                .push(format!("{tag:?}: {n} keys besides its release proofs"));
+        }
+        let claims = (per_tag.keys())
+            .filter(|t| t.starts_with(JOB_CLAIMS))
+            .count();
+        let slots = 64 + 600_000 / 250 + 2;
+        if claims > slots {
+            st.violations
+                .push(format!("{claims} claim locks of the job, {slots} slots"));
+        }
+        st.job_claims = claims;
         st
     }
 
@@ -535,6 +564,7 @@ impl ServerState {
     pub fn merge(&mut self, other: ServerState) {
         self.keys += other.keys;
         self.locks += other.locks;
+        self.job_claims += other.job_claims;
         for (class, n) in other.by_class {
             *self.by_class.entry(class).or_default() += n;
         }
@@ -543,8 +573,8 @@ impl ServerState {
 
     pub fn summary(&self) -> String {
         format!(
-            "{} keys of {} locks after the last worker exited {:?}",
-            self.keys, self.locks, self.by_class
+            "{} keys of {} locks ({} job claims) after the last worker exited {:?}",
+            self.keys, self.locks, self.job_claims, self.by_class
         )
     }
 }
