@@ -19,6 +19,10 @@
 //!   its request may have been held up in the network until the fault on its worker ended.
 //! - `L <pid> <key>`: a lock of this worker's locker still held after its `shutdown()`
 //!   returned. Always a violation.
+//! - `D <pid> <start ns> <end ns>`: a `shutdown()` of the worker's locker; no section of it
+//!   may begin after one returned.
+//! - `O <pid> <fence> <start ns> <end ns> <kind> <flags>`: what a section combined, for the
+//!   pair counts (kind, options, nesting, cancellation, local hand-off).
 //!
 //! And of every section: its fence below 2^53, exact where fenced storage compares fences as
 //! doubles (a Lua script, JavaScript, JSON).
@@ -93,6 +97,8 @@ pub struct Report {
     pub job_reruns_excused: usize,
     pub job_broken: Vec<String>,
     pub left_after_shutdown: Vec<String>,
+    /// Sections that began after their locker's `shutdown()` returned (`D`).
+    pub after_shutdown: Vec<String>,
     pub inexact_fences: Vec<String>,
     /// How many sections (and `every()` runs) combined each pair of features.
     pub pairs: BTreeMap<(&'static str, &'static str), usize>,
@@ -107,6 +113,7 @@ impl Report {
             ("call past its bound", &self.over_bound_unexcused),
             ("every()", &self.job_broken),
             ("left after shutdown", &self.left_after_shutdown),
+            ("section after shutdown", &self.after_shutdown),
             ("fence not exact in a double", &self.inexact_fences),
         ] {
             v.extend(list.iter().take(10).map(|l| format!("{what}: {l}")));
@@ -341,6 +348,22 @@ pub fn check(
         let fences = std::iter::once(s.fence).chain(s.keys.iter().map(|k| k.fence));
         if let Some(f) = fences.into_iter().find(|&f| f >= 1 << 53) {
             r.inexact_fences.push(format!("pid {} fence {f}", s.pid));
+        }
+    }
+    // After `shutdown()` returned, every call of that locker is refused: no section of it
+    // begins later (a scheduling allowance for a body that began as the call returned).
+    for line in lines.iter().filter(|l| l.starts_with("D ")) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (pid, done) = (num(f[1]) as u32, num(f[3]));
+        for s in sections
+            .iter()
+            .filter(|s| s.pid == pid && s.acquired > done + SLACK_NS)
+        {
+            r.after_shutdown.push(format!(
+                "pid {pid} fence {} began {:.1} ms after its locker's shutdown() returned",
+                s.fence,
+                (s.acquired - done) as f64 / 1e6
+            ));
         }
     }
     let mut runs: BTreeMap<u64, Vec<(u32, u64, u64, u64)>> = BTreeMap::new();
