@@ -299,9 +299,10 @@ fn run_seed(
         false => kinds::Cut::new(),
     };
     let report = kinds::check_cut(&sections, &stalls, state, (&told, &cut), &keys);
-    let mix = schedule
-        .mix()
-        .then(|| mix::check(&mix::load(&dir), &sections, &stalls, &disturbed, &told));
+    let mix = schedule.mix().then(|| {
+        let lines = mix::load(&dir);
+        mix::check(&lines, &sections, &stalls, &disturbed, (&told, &cancelled))
+    });
     let failed = !report.violations().is_empty()
         || mix.as_ref().is_some_and(|m| !m.violations().is_empty())
         || left.as_ref().is_some_and(|s| !s.violations.is_empty());
@@ -744,7 +745,7 @@ fn mix_checker_fails_a_writer_inside_a_min_hold_unless_a_forced_unlock_may_have_
     let h = [kept, next];
     let judge = |lines: &[&str], faults: &[mix::Disturbed]| {
         let lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-        mix::check(&lines, &h, &[], faults, &Told::new())
+        mix::check(&lines, &h, &[], faults, (&Told::new(), &Told::new()))
             .min_hold_broken
             .len()
     };
@@ -782,6 +783,25 @@ fn mix_checker_fails_a_writer_inside_a_min_hold_unless_a_forced_unlock_may_have_
         judge(&[m, &after], &[]),
         1,
         "forced after the writer entered"
+    );
+    // A cancelled holder whose link was cut before the other entered: its kept release may
+    // have landed after its lease ran out (a caller that waited would hear `Lost`).
+    let lines = [m.to_owned()];
+    let cut = mix::Disturbed {
+        pid: 1,
+        from: 3_020 * MS,
+        to: 3_090 * MS,
+        wiped: false,
+        what: "conn_fault",
+    };
+    let cancelled: Told = [(1, 64)].into_iter().collect();
+    let r = mix::check(&lines, &h, &[], &[cut], (&Told::new(), &cancelled));
+    assert!(r.min_hold_broken.is_empty(), "{:?}", r.min_hold_broken);
+    let r = mix::check(&lines, &h, &[], &[cut], (&Told::new(), &Told::new()));
+    assert_eq!(
+        r.min_hold_broken.len(),
+        1,
+        "not cancelled: it would have been told"
     );
 }
 

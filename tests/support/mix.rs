@@ -325,7 +325,7 @@ pub fn check(
     sections: &[Section],
     stalls: &[Stall],
     faults: &[Disturbed],
-    told: &super::kinds::Told,
+    (told, cancelled): (&super::kinds::Told, &super::kinds::Told),
 ) -> Report {
     /// Scheduling and clock allowance between a kept lock's end and the next section's start.
     const SLACK_NS: u64 = 30_000_000;
@@ -389,9 +389,14 @@ pub fn check(
                     }
                     // A forced unlock or a restart without data ends a kept lock as any
                     // other, when it came before this one entered.
+                    // So does a lease lost before its kept release landed (the server or the
+                    // network stopped past its ttl): a caller that waited would hear `Lost`,
+                    // a cancelled one cannot.
                     let ended = (forced.iter()).any(|&(sent, by)| {
                         sent <= o.acquired + SLACK_NS && by + SLACK_NS > s.acquired
-                    }) || wiped(s.acquired, o.acquired + SLACK_NS, faults);
+                    }) || wiped(s.acquired, o.acquired + SLACK_NS, faults)
+                        || (cancelled.contains(&(pid, fence))
+                            && disturbed(pid, s.acquired, o.acquired, stalls, faults));
                     if !ended {
                         r.min_hold_broken.push(format!(
                             "pid {pid} fence {fence} min_hold {} ms: pid {} fence {} started \
