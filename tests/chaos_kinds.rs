@@ -533,12 +533,18 @@ fn inject(
                 }
                 None => "quiet".into(),
             },
+            // In the long runs some stops outlast every call's bound (`wait` + connect +
+            // response, at most 2.3 s here): calls must return within it all the same.
             10 => match server.as_deref() {
                 Some(server) => {
+                    let stop = match secs > Duration::from_secs(5) && rng.chance(30) {
+                        true => rng.ms(2_400, 3_000),
+                        false => hold,
+                    };
                     server.pause().expect("pause");
-                    thread::sleep(hold);
+                    thread::sleep(stop);
                     server.resume().expect("resume");
-                    "server-stop".into()
+                    format!("server-stop {stop:?}")
                 }
                 None => "quiet".into(),
             },
@@ -553,7 +559,7 @@ fn inject(
             let to = mono_ns() + 500_000_000;
             let (pid, wiped, what) = match fault.as_str() {
                 "restart" => (mix::EVERYONE, true, "restart"),
-                "server-stop" => (mix::EVERYONE, false, "server_stop"),
+                f if f.starts_with("server-stop") => (mix::EVERYONE, false, "server_stop"),
                 "stop" => (workers[w].pid(), false, "stop"),
                 "quiet" => (workers[w].pid(), false, "quiet"),
                 _ => (workers[w].pid(), false, "conn_fault"),
