@@ -155,6 +155,21 @@ fn disturbed(pid: u32, from: u64, to: u64, stalls: &[Stall], faults: &[Disturbed
         || faults.iter().any(|f| f.touches(pid, from, to))
 }
 
+/// Every forced unlock of `lines` (`F`): its key, when it was sent, and the latest moment it
+/// may have changed the lock (`forced_lands_by`).
+fn forced_unlocks<'a>(lines: &'a [String], faults: &[Disturbed]) -> Vec<(&'a str, u64, u64)> {
+    (lines.iter())
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&"F")).then(|| {
+                let (pid, sent, done) = (num(f[1]) as u32, num(f[3]), num(f[4]));
+                let by = forced_lands_by(pid, sent, done, f.get(5) == Some(&"err"), faults);
+                (f[2], sent, by)
+            })
+        })
+        .collect()
+}
+
 /// The latest moment a forced unlock sent at `sent` by worker `pid` may change the lock: its
 /// reply's arrival (`done`), or, for one that failed without a reply, the end of the fault
 /// on its worker that held the request up (a second after `done` if no fault explains it).
@@ -181,17 +196,7 @@ pub fn cut_by_force(
     faults: &[Disturbed],
     cancelled: &super::kinds::Told,
 ) -> super::kinds::Cut {
-    let forced: Vec<(&str, u64, u64)> = lines
-        .iter()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.first() == Some(&"F")).then(|| {
-                let (pid, sent, done) = (num(f[1]) as u32, num(f[3]), num(f[4]));
-                let by = forced_lands_by(pid, sent, done, f.get(5) == Some(&"err"), faults);
-                (f[2], sent, by)
-            })
-        })
-        .collect();
+    let forced = forced_unlocks(lines, faults);
     let held = |s: &Section, key: &str| match key {
         RW_LOCK => on_rw(s),
         _ => matches!(s.kind, Kind::Permits(_)),
@@ -331,18 +336,9 @@ pub fn check(
     const SLACK_NS: u64 = 30_000_000;
     let mut r = Report::default();
     // Forced unlocks of the read-write key: (sent, latest landing).
-    let forced: Vec<(u64, u64)> = lines
-        .iter()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.first() == Some(&"F") && f[2] == RW_LOCK).then(|| {
-                let (pid, sent, done) = (num(f[1]) as u32, num(f[3]), num(f[4]));
-                (
-                    sent,
-                    forced_lands_by(pid, sent, done, f.get(5) == Some(&"err"), faults),
-                )
-            })
-        })
+    let forced: Vec<(u64, u64)> = (forced_unlocks(lines, faults).into_iter())
+        .filter(|&(key, ..)| key == RW_LOCK)
+        .map(|(_, sent, by)| (sent, by))
         .collect();
     for s in sections {
         let fences = std::iter::once(s.fence).chain(s.keys.iter().map(|k| k.fence));

@@ -26,9 +26,9 @@
 -- lease ran out before this call, or this call would have found ARGV[2] holding the lock),
 -- and with the counter unknown a grant must be confirmed by another call.
 -- KEYS[8]: `{lock}:done:<token>`, which release.lua sets when ARGV[2] released the lock ('1'),
--- found it lost at its release ('l') or its acquisition was abandoned ('a', its compensation
--- ran): a request of it that reaches
--- Redis only after that (held up in the network) takes neither the lock nor a queue place.
+-- found it lost at its release or was force-unlocked ('l'), or its acquisition was abandoned
+-- ('a', its compensation ran): a request of it that reaches Redis only after that (held up in
+-- the network) takes neither the lock nor a queue place.
 -- The uncontended path (free, nobody queued, no reader) makes only EXISTS, INCR and SETs.
 local token = ARGV[2]
 

@@ -8,24 +8,21 @@
 -- without that channel) or unheard, the holder's next renewal finds the lock not its own.
 -- A key held by readers or a semaphore's holders loses all of them, each revoked the same
 -- way, and the queue's head gets the key. A lock that is not held changes nothing ({rid, 0}).
--- Each revoked token is barred as a release that found its lock lost bars it ('l' on its done
--- mark, see `not_holder`): an acquire of it still held up in the network would otherwise take
+-- Each revoked token is barred as a release that found its lock lost bars it (lock.lua's
+-- `bar`): an acquire of it still held up in the network would otherwise take
 -- the lock back when it lands, and the revoked holder's renewals would find it their own again.
 -- The mark shares the lock's hash tag (KEYS[2] is `{tag}:fence`).
 do
   local revoke = ARGV[#ARGV]
   local heard = #ARGV > 2 and string.sub(revoke, -8) == '}:revoke'
   local tag = string.sub(KEYS[2], 1, -7)
-  local function bar(t)
-    redis.call('SET', tag .. ':done:' .. t, 'l', 'PX', ARGV[5], 'NX')
-  end
   local held = redis.call('GET', KEYS[1])
   if type(held) ~= 'string' or #held < 33 then
     if redis.call('EXISTS', KEYS[6]) == 0 or live_shared() == 0 then return {rid, 0} end
     local kind = redis.call('HGET', KEYS[7], 'kind')
     for _, t in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
       if heard then redis.pcall('PUBLISH', revoke, t) end
-      bar(t)
+      bar(tag .. ':done:' .. t)
     end
     redis.call('DEL', KEYS[6], KEYS[7])
     local sem = kind and string.sub(kind, 1, 1) == 's' and kind or nil
@@ -36,5 +33,5 @@ do
   end
   ARGV[2] = string.sub(held, 1, 32)
   if heard then redis.pcall('PUBLISH', revoke, ARGV[2]) end
-  bar(ARGV[2])
+  bar(tag .. ':done:' .. ARGV[2])
 end

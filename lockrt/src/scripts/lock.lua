@@ -181,6 +181,12 @@ end
 -- nothing when it lands (a token is used for one acquisition only). {rid, 3} when this
 -- token's own release had already happened (its proof, KEYS[8] = '1'; for an abandon, any
 -- mark), {rid, 0} otherwise.
+-- Bars a token whose lease ended without its own release (found lost, or force-unlocked):
+-- `done` is its `{lock}:done:<token>`; 'l' is no proof of a release, and an existing mark stays.
+local function bar(done)
+  redis.call('SET', done, 'l', 'PX', ARGV[5], 'NX')
+end
+
 local function not_holder(token, abandon)
   local reader = redis.call('HGET', KEYS[4], 'k:' .. token) == 'r'
   if redis.call('ZREM', KEYS[3], token) == 1 then
@@ -197,7 +203,7 @@ local function not_holder(token, abandon)
     return {rid, 0}
   end
   if mark == '1' then return {rid, 3} end
-  if not mark then redis.call('SET', KEYS[8], 'l', 'PX', ARGV[5]) end
+  bar(KEYS[8])
   return {rid, 0}
 end
 
