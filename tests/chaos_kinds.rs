@@ -75,10 +75,15 @@ fn chaos_kinds_restart_without_persistence() {
 /// nested calls inside `run` (the same key again; `run_all` inside a read or permit section,
 /// which must be refused), forced unlocks of the shared keys, runs an `every()` job, and shuts
 /// its locker down at the end (the first worker at 70% of the run, its callers still calling);
-/// the schedule adds requests held up on one connection and delivered after later ones
+/// callers of a hot key pass it on to each other (local hand-off chains), callers of a key
+/// that changes kind every 1.2 s (semaphore, lock, read-write lock) meet `KindConflict`s, and
+/// a worker of its own runs the job and kills itself (SIGKILL) late in a tick it runs. The
+/// schedule adds requests held up on one connection and delivered after later ones
 /// (reordered across connections) to the proxy faults and SIGSTOPs. `support::mix` checks
 /// what the kinds checker does not: `min_hold` honoured, nested calls, every call within its
-/// bound, one finished run per tick, nothing left after `shutdown()`.
+/// bound, one finished run per tick, the dead runner's tick run late or reported, every
+/// `KindConflict` justified by a holder or waiter of the other kind, the hot and changing
+/// keys' sections exclusive per kind, nothing left after `shutdown()`.
 #[test]
 fn chaos_mix_quick() {
     run_seeds(&seeds([5]), 3, Duration::from_secs(5), Schedule::Mix);
@@ -231,7 +236,7 @@ fn run_seed(
         &urls,
         (&oracle_server.url(), &ns),
         &dir,
-        (secs, cancel, direct),
+        (secs, cancel, direct.clone()),
     );
     let stalls = Stalls::default();
     let mut rng = Rng::new(seed);
@@ -255,8 +260,12 @@ fn run_seed(
             &mut disturbed,
         ),
     };
-    for w in workers {
-        let out = w.join(secs + Duration::from_secs(40));
+    for (i, w) in workers.into_iter().enumerate() {
+        // The generator's job worker (the last) kills itself inside a tick.
+        let out = match direct.is_some() && i == n {
+            true => w.join_or_killed(secs + Duration::from_secs(40)),
+            false => w.join(secs + Duration::from_secs(40)),
+        };
         for l in out
             .lines()
             .filter_map(|l| l.find("WORKER").map(|i| &l[i..]))
@@ -331,18 +340,21 @@ fn spawn_workers(
     (secs, cancel, direct): (Duration, bool, Option<String>),
 ) -> Vec<Worker> {
     let file = |i: usize, ext: &str| dir.join(format!("w{i}.{ext}"));
+    let base = |i: usize, url: &str, cancel: bool| {
+        vec![
+            ("url", url.to_owned()),
+            ("oracle", oracle.to_owned()),
+            ("ns", ns.to_owned()),
+            ("log", file(i, "log").display().to_string()),
+            ("told", file(i, "told").display().to_string()),
+            ("cancel", u8::from(cancel).to_string()),
+            ("seed", (seed * 1000 + i as u64).to_string()),
+            ("ms", secs.as_millis().to_string()),
+        ]
+    };
     (urls.iter().enumerate())
         .map(|(i, url)| {
-            let mut settings = vec![
-                ("url", url.clone()),
-                ("oracle", oracle.to_owned()),
-                ("ns", ns.to_owned()),
-                ("log", file(i, "log").display().to_string()),
-                ("told", file(i, "told").display().to_string()),
-                ("cancel", u8::from(cancel).to_string()),
-                ("seed", (seed * 1000 + i as u64).to_string()),
-                ("ms", secs.as_millis().to_string()),
-            ];
+            let mut settings = base(i, url, cancel);
             if let Some(direct) = &direct {
                 settings.push(("events", file(i, "mix").display().to_string()));
                 settings.push(("direct", direct.clone()));
@@ -354,6 +366,19 @@ fn spawn_workers(
             }
             Worker::spawn("worker", &settings, file(i, "out"))
         })
+        .chain(direct.as_ref().map(|direct| {
+            // The generator's job worker: the job alone, straight to the server, killing
+            // itself inside the first tick it runs once 25-45% of the run have passed.
+            let i = urls.len();
+            let die = secs.as_millis() as u64 * Rng::new(seed).range(25, 45) / 100;
+            let mut settings = base(i, direct, false);
+            settings.extend([
+                ("events", file(i, "mix").display().to_string()),
+                ("direct", direct.clone()),
+                ("die_ms", die.to_string()),
+            ]);
+            Worker::spawn("worker", &settings, file(i, "out"))
+        }))
         .collect()
 }
 

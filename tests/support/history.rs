@@ -820,7 +820,17 @@ impl Worker {
 
     /// Waits for the worker to exit, at most `within` (then kills it). Panics, with the
     /// worker's output, unless it exited successfully.
-    pub fn join(mut self, within: Duration) -> String {
+    pub fn join(self, within: Duration) -> String {
+        self.finish(within, false)
+    }
+
+    /// [`join`](Self::join) a worker that may have killed itself (SIGKILL): that counts as
+    /// finished too.
+    pub fn join_or_killed(self, within: Duration) -> String {
+        self.finish(within, true)
+    }
+
+    fn finish(mut self, within: Duration, killed_ok: bool) -> String {
         // An interactive worker sees end of input: its cue to finish.
         drop(self.stdin.take());
         let mut child = self.child.take().expect("joined once");
@@ -843,8 +853,12 @@ impl Worker {
         } else {
             std::fs::read_to_string(&self.out).unwrap_or_default()
         };
+        let killed = {
+            use std::os::unix::process::ExitStatusExt as _;
+            status.signal() == Some(rustix::process::Signal::KILL.as_raw())
+        };
         assert!(
-            !timed_out && status.success(),
+            !timed_out && (status.success() || (killed_ok && killed)),
             "worker {pid} {}: {status}\n--- its output ---\n{out}",
             if timed_out {
                 "did not finish in time"

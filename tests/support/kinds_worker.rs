@@ -25,6 +25,16 @@ pub(crate) const MULTI_KEYS: [&str; 4] = ["m0", "m1", "m2", "m3"];
 const RW_CALLERS: u64 = 3;
 const SEM_CALLERS: u64 = 3;
 const MULTI_CALLERS: u64 = 2;
+/// The generator's callers of the hot key and of the key that changes kind, per worker.
+const HOT_CALLERS: u64 = 3;
+const SHIFT_CALLERS: u64 = 2;
+
+/// The generator's hot key: exclusive sections of a few ms, so that the callers of one worker
+/// pass it on to each other (local hand-off chains), also while the server is stopped.
+const HOT_KEY: &str = "kinds:hot";
+/// The generator's key that changes kind: used as a semaphore of [`PERMITS`], as a lock and
+/// as a read-write lock, in turns ([`shift_kind`]).
+const SHIFT_KEY: &str = "kinds:shift";
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -54,13 +64,10 @@ pub(crate) fn main() {
     // The interaction generator: options, nesting, forced unlocks, an `every()` job, and a
     // `shutdown()` at the end, each recorded for `support::mix`.
     let events = cfg.get("events").map(|p| Log::create(p.as_ref()));
-    if let Ok(filter) = std::env::var("LOCKRT_CHAOS_LOG") {
-        // Diagnosis: the worker's log on its stderr (`*.out`), e.g. `lockrt=debug`.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    log_to(events.clone());
+    // The generator's worker that only runs the job, and dies inside a tick it runs once
+    // `die_ms` have passed (rule 9: the tick is run late elsewhere or reported).
+    let die = cfg.get("die_ms").map(|d| ms(d.parse().unwrap()));
     let (url, oracle_url, ns) = (get("url"), get("oracle"), get("ns"));
     let tallies = rt.block_on(async {
         let (locker, response) = connect(&url, &mut Rng::new(seed)).await;
@@ -75,10 +82,19 @@ pub(crate) fn main() {
                 shut_down(&locker, ev.as_ref()).await;
             });
         }
+        let dies = die.map(|d| (tokio::time::Instant::now() + d, seed));
         let job = events
             .clone()
-            .map(|ev| tokio::spawn(job(locker.clone(), ev)));
-        let callers: Vec<_> = (0..RW_CALLERS + SEM_CALLERS + MULTI_CALLERS)
+            .map(|ev| tokio::spawn(job(locker.clone(), ev, dies)));
+        // The job's worker has no callers; the generator's others have two roles more.
+        let callers = match (&events, die) {
+            (_, Some(_)) => 0,
+            (None, _) => RW_CALLERS + SEM_CALLERS + MULTI_CALLERS,
+            (Some(_), None) => {
+                RW_CALLERS + SEM_CALLERS + MULTI_CALLERS + HOT_CALLERS + SHIFT_CALLERS
+            }
+        };
+        let callers: Vec<_> = (0..callers)
             .map(|c| {
                 let c = Caller {
                     locker: locker.clone(),
@@ -89,7 +105,11 @@ pub(crate) fn main() {
                     role: match c {
                         c if c < RW_CALLERS => Role::Rw,
                         c if c < RW_CALLERS + SEM_CALLERS => Role::Sem,
-                        _ => Role::Multi,
+                        c if c < RW_CALLERS + SEM_CALLERS + MULTI_CALLERS => Role::Multi,
+                        c if c < RW_CALLERS + SEM_CALLERS + MULTI_CALLERS + HOT_CALLERS => {
+                            Role::Hot
+                        }
+                        _ => Role::Shift,
                     },
                     cancel,
                     events: events.clone(),
@@ -101,6 +121,9 @@ pub(crate) fn main() {
         let mut tallies = Vec::new();
         for c in callers {
             tallies.push(c.await.unwrap().0);
+        }
+        if die.is_some() {
+            tokio::time::sleep_until(end).await;
         }
         if let Some(ev) = &events {
             // The job's run in flight, if any, ends with the shutdown.
@@ -190,42 +213,142 @@ async fn connect(url: &str, rng: &mut Rng) -> (Locker, Duration) {
     panic!("could not connect through the proxy {url}");
 }
 
+/// The long lease of some permits of the key that changes kind (`Caller::plain`).
+const LONG_TTL: Duration = Duration::from_secs(3);
+
+/// What the key that changes kind is used as now: the same for every worker (the host's
+/// monotonic clock), a new kind every 1.2 s: a semaphore, a lock, a semaphore, a read-write
+/// lock (readers mostly), and again.
+fn shift_kind(now_ns: u64, rng: &mut Rng) -> Kind {
+    match (now_ns / 1_200_000_000) % 4 {
+        0 | 2 => Kind::Permits(PERMITS),
+        1 => Kind::Exclusive,
+        _ if rng.chance(30) => Kind::Exclusive,
+        _ => Kind::Read,
+    }
+}
+
 /// The workers' connect timeout.
 const CONNECT: Duration = Duration::from_millis(300);
 
-/// The generator's `every()` job: a 250 ms tick, each finished run recorded (`J`).
-async fn job(locker: Locker, ev: Log) {
+/// The generator's `every()` job: a 250 ms tick, each finished run recorded (`J`). With
+/// `dies` (the job's own worker): from that moment on, the first run it gets is its last: it
+/// records the tick (`K`) and kills its own process 120-240 ms into the tick, so the claim's
+/// lease runs out after the tick's end.
+async fn job(locker: Locker, ev: Log, dies: Option<(tokio::time::Instant, u64)>) {
     // Half the workers run it on a fixed lease; every run takes a nested lock.
-    let fixed = std::process::id().is_multiple_of(2);
+    let fixed = dies.is_none() && std::process::id().is_multiple_of(2);
     let opts = LockOptions::new().ttl(ms(200)).watchdog(!fixed);
     let l = locker.clone();
     let _ = lockrt::every(&l, JOB, ms(250), opts, |tick| {
         let (ev, locker) = (ev.clone(), locker.clone());
         async move {
             let start = mono_ns();
+            let tick_ms = tick
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis();
+            if let Some((_, seed)) = dies.filter(|(at, _)| tokio::time::Instant::now() >= *at) {
+                let into = ms(Rng::new(seed).range(120, 240));
+                ev.append(&format!("K {} {tick_ms} {start}", std::process::id()));
+                let left = (tick + into).duration_since(std::time::SystemTime::now());
+                tokio::time::sleep(left.unwrap_or_default()).await;
+                let me = rustix::process::getpid();
+                let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
+            }
             let fence = lockrt::current_lock().map_or(0, |h| h.fence());
             let inner = LockOptions::new().ttl(ms(500)).wait(Duration::ZERO);
             let _ = locker
                 .run(JOB_NESTED, inner, tokio::time::sleep(ms(10)))
                 .await;
             tokio::time::sleep(ms(10)).await;
-            let tick = tick
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_millis();
             let flags = if fixed {
                 "nesting,fixed_lease"
             } else {
                 "nesting"
             };
             ev.append(&format!(
-                "J {} {tick} {fence} {start} {} {flags}",
+                "J {} {tick_ms} {fence} {start} {} {flags}",
                 std::process::id(),
                 mono_ns()
             ));
         }
     })
     .await;
+}
+
+/// Installs the worker's log: with the generator, every WARN of the job about a tick (`G <pid>
+/// <from ms> <to ms> <words>`: a tick given up, run by nobody, not known whether run, run late),
+/// for rule 9's check; with `LOCKRT_CHAOS_LOG` (diagnosis), the log on stderr (`*.out`), e.g.
+/// `lockrt=debug`.
+fn log_to(events: Option<Log>) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let fmt = std::env::var("LOCKRT_CHAOS_LOG").ok().map(|filter| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(tracing_subscriber::EnvFilter::new(filter))
+    });
+    let ticks =
+        events.map(|ev| TickWarnings(ev).with_filter(tracing::level_filters::LevelFilter::WARN));
+    let _ = tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(ticks).with(fmt),
+    );
+}
+
+/// Writes the job's WARN lines about a tick as `G` records (`log_to`).
+struct TickWarnings(Log);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TickWarnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut f = TickFields::default();
+        event.record(&mut f);
+        if f.job.as_deref() != Some(JOB) {
+            return;
+        }
+        let (from, to) = match (f.tick, f.from, f.to) {
+            (Some(t), ..) => (t, t + 1),
+            (None, Some(from), Some(to)) => (from, to),
+            _ => return,
+        };
+        let words: Vec<&str> = f.message.split_whitespace().take(4).collect();
+        let pid = std::process::id();
+        self.0
+            .append(&format!("G {pid} {from} {to} {}", words.join("_")));
+    }
+}
+
+/// The fields of a job's log line that `TickWarnings` reads.
+#[derive(Default)]
+struct TickFields {
+    job: Option<String>,
+    tick: Option<u64>,
+    from: Option<u64>,
+    to: Option<u64>,
+    message: String,
+}
+
+impl tracing::field::Visit for TickFields {
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        match field.name() {
+            "tick" => self.tick = Some(value),
+            "from" => self.from = Some(value),
+            "to" => self.to = Some(value),
+            _ => {}
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "job" {
+            self.job = Some(value.to_owned());
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
+        }
+    }
 }
 
 /// The generator's job name.
@@ -272,6 +395,10 @@ enum Role {
     Sem,
     /// 2 or 3 keys at once: exclusive keys, sometimes the read-write key as a writer.
     Multi,
+    /// The generator's hot key ([`HOT_KEY`]).
+    Hot,
+    /// The generator's key that changes kind ([`SHIFT_KEY`]).
+    Shift,
 }
 
 /// One caller in a worker.
@@ -300,6 +427,11 @@ impl Caller {
                 Role::Multi => Kind::Multi,
                 Role::Rw if self.rng.chance(35) => Kind::Exclusive,
                 Role::Rw => Kind::Read,
+                Role::Hot | Role::Shift => {
+                    self.plain(end, &mut tally).await;
+                    tokio::time::sleep(self.rng.ms(0, 10)).await;
+                    continue;
+                }
             };
             self.once(kind, &mut tally).await;
             tokio::time::sleep(self.rng.ms(0, 20)).await;
@@ -443,26 +575,14 @@ impl Caller {
                 0 => 0,
                 t => t,
             };
-            // `wait` (a `try_acquire` ignores it) plus one connect and one response timeout;
-            // the retry window and scheduling on a loaded machine on top.
+            // A `try_acquire` ignores `wait`.
             let wait = if style == 2 && kind != Kind::Multi {
                 Duration::ZERO
             } else {
                 wait
             };
-            let allowed = wait.max(ms(100)) + CONNECT + self.response + ms(400);
-            if until != 0 && until - start > allowed.as_nanos() as u64 {
-                let how = format!(
-                    "{kind}/style{style}/wait{}ms/response{}ms/{}",
-                    wait.as_millis(),
-                    self.response.as_millis(),
-                    verdict(&res).replace(' ', "_")
-                );
-                ev.append(&format!(
-                    "B {pid} {start} {until} {} {how}",
-                    allowed.as_nanos()
-                ));
-            }
+            let how = || format!("{kind}/style{style}/wait{}ms", wait.as_millis());
+            self.bound_kept(ev, (start, until), wait, how, verdict(&res));
         }
         match res {
             Ok(Ok(o)) => tally.count(o),
@@ -476,6 +596,131 @@ impl Caller {
             Err(_) if cancel.is_some() => tally.bump("cancelled"),
             Err(_) => panic!("a call did not finish within {bound:?} ({kind}, ttl {ttl:?})"),
         }
+    }
+
+    /// `B` when a call took longer than `wait` plus one connect and one response timeout (the
+    /// retry window and scheduling on a loaded machine on top) to start its body or fail:
+    /// `[start, until]` (`until` 0: a cancelled call that never began).
+    fn bound_kept(
+        &self,
+        ev: &Log,
+        (start, until): (u64, u64),
+        wait: Duration,
+        how: impl FnOnce() -> String,
+        verdict: &str,
+    ) {
+        let allowed = wait.max(ms(100)) + CONNECT + self.response + ms(400);
+        if until != 0 && until - start > allowed.as_nanos() as u64 {
+            ev.append(&format!(
+                "B {} {start} {until} {} {}/response{}ms/{}",
+                std::process::id(),
+                allowed.as_nanos(),
+                how(),
+                self.response.as_millis(),
+                verdict.replace(' ', "_")
+            ));
+        }
+    }
+
+    /// One use of the hot key or of the key that changes kind, with a guard; recorded as `S
+    /// <pid> <key> <kind> <start ns> <end ns> <ttl ms> <outcome> <first ns> <last ns> <fence>`
+    /// (`support::mix`): `first` and `last` are the moments the body found its lease not lost
+    /// (0: never), `outcome` what the caller was told: `ok` (held to the end and released),
+    /// `busy`, `conflict` (`KindConflict`), `timeout`, `lost`, `error`, `shutdown`, `cancelled`.
+    async fn plain(&mut self, end: tokio::time::Instant, tally: &mut Tally) {
+        let Some(ev) = self.events.clone() else {
+            return;
+        };
+        let rng = &mut self.rng;
+        let (key, kind) = match self.role {
+            Role::Hot => (HOT_KEY, Kind::Exclusive),
+            _ => (SHIFT_KEY, shift_kind(mono_ns(), rng)),
+        };
+        let left = end.saturating_duration_since(tokio::time::Instant::now());
+        // Permits on a fixed lease their bodies often outlast (a share that runs out
+        // unreleased), or on a long one released early: the kind record's two ways to outlive
+        // the holders (rule 6).
+        let (ttl, fixed, work) = match (self.role, kind) {
+            (Role::Hot, _) => (
+                ms([500, 1_000][rng.range(0, 1) as usize]),
+                false,
+                rng.ms(0, 3),
+            ),
+            (_, Kind::Permits(_)) if rng.chance(40) => (ms(300), true, rng.ms(150, 500)),
+            (_, Kind::Permits(_)) if rng.chance(30) && left > LONG_TTL + ms(1_500) => {
+                (LONG_TTL, false, rng.ms(0, 40))
+            }
+            _ => {
+                let ttl = ms([200, 500, 1_000][rng.range(0, 2) as usize]);
+                let work = match rng.chance(15) {
+                    true => rng.ms(0, ttl.as_millis() as u64 * 3 / 2),
+                    false => rng.ms(0, 40),
+                };
+                (ttl, rng.chance(20), work)
+            }
+        };
+        let wait = match (self.role, rng.chance(20)) {
+            (Role::Hot, _) => rng.ms(50, 600),
+            (_, true) => Duration::ZERO,
+            (_, false) => rng.ms(0, 800),
+        };
+        let at_once = rng.chance(20);
+        let cancel = (self.cancel && rng.chance(15)).then(|| rng.ms(0, 800));
+        let opts = kind.options().ttl(ttl).wait(wait).watchdog(!fixed);
+        let (began, first, last, fence) = Default::default();
+        let stamps: [&AtomicU64; 4] = [&began, &first, &last, &fence];
+        let op = async {
+            let g = match at_once {
+                true => match self.locker.try_acquire(key, opts).await? {
+                    Some(g) => g,
+                    None => return Ok(false),
+                },
+                false => self.locker.acquire(key, opts).await?,
+            };
+            stamps[0].store(mono_ns(), Ordering::SeqCst);
+            stamps[3].store(g.fence(), Ordering::SeqCst);
+            if !g.is_lost() {
+                stamps[1].store(mono_ns(), Ordering::SeqCst);
+                if work_for(work, Some(&g)).await && !g.is_lost() {
+                    stamps[2].store(mono_ns(), Ordering::SeqCst);
+                }
+            }
+            g.release().await.map(|()| true)
+        };
+        let start = mono_ns();
+        let bound = cancel.unwrap_or(wait + ttl * 4 + work + Duration::from_secs(5));
+        let res = tokio::time::timeout(bound, op).await;
+        let done = mono_ns();
+        let [began, first, last, fence] = stamps.map(|a| a.load(Ordering::SeqCst));
+        let outcome = match &res {
+            Ok(Ok(true)) if last != 0 => "ok",
+            Ok(Ok(true)) => "lost",
+            Ok(Ok(false)) => "busy",
+            Ok(Err(lockrt::LockError::KindConflict { .. })) => "conflict",
+            Ok(Err(lockrt::LockError::ShutDown)) => "shutdown",
+            Ok(Err(e)) if e.is_timeout() => "timeout",
+            Ok(Err(e)) if e.is_lost() => "lost",
+            Ok(Err(e)) if e.is_backend() => "error",
+            Ok(Err(e)) => panic!("unexpected error on {key}: {e:?}"),
+            Err(_) if cancel.is_some() => "cancelled",
+            Err(_) => panic!("a call on {key} did not finish within {bound:?}"),
+        };
+        tally.bump(match self.role {
+            Role::Hot => "hot",
+            _ => "shift",
+        });
+        ev.append(&format!(
+            "S {} {key} {kind} {start} {done} {} {outcome} {first} {last} {fence}",
+            std::process::id(),
+            ttl.as_millis()
+        ));
+        let until = match began {
+            0 if res.is_ok() => done,
+            b => b,
+        };
+        let wait = if at_once { Duration::ZERO } else { wait };
+        let how = || format!("{key}/{kind}/wait{}ms", wait.as_millis());
+        self.bound_kept(&ev, (start, until), wait, how, outcome);
     }
 }
 

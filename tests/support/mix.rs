@@ -23,6 +23,20 @@
 //!   may begin after one returned.
 //! - `O <pid> <fence> <start ns> <end ns> <kind> <flags>`: what a section combined, for the
 //!   pair counts (kind, options, nesting, cancellation, local hand-off).
+//! - `S <pid> <key> <kind> <start ns> <end ns> <ttl ms> <outcome> <first ns> <last ns> <fence>`:
+//!   a call on the hot key (local hand-off chains) or on the key that changes kind. Sections
+//!   held to the end and released with proof (`ok`; `first`, `last`: when the body found its
+//!   lease not lost) never overlap a holder of another kind, more than n permit holders or,
+//!   exclusive, each other, and their fences follow their order. A `conflict`
+//!   (`KindConflict`) is justified by a call of the other kind (a semaphore against a lock or
+//!   read-write lock) that held or waited at the time: from its start to its end, plus, when it
+//!   did not end released (lost, cancelled, timed out), what it may have left on the server
+//!   (its lease, a queue registration, a request held up in the network).
+//! - `K <pid> <tick ms> <ns>`: the job's worker kills itself (SIGKILL) inside that tick, which
+//!   it runs, late in the tick. The tick is run by another instance (`J`), or reported (`G`),
+//!   unless the lock server or every other instance was disturbed then.
+//! - `G <pid> <from ms> <to ms> <words>`: the job's WARN about the ticks `[from, to)` (given
+//!   up, run by nobody, not known whether run, run late).
 //!
 //! And of every section: its fence below 2^53, exact where fenced storage compares fences as
 //! doubles (a Lua script, JavaScript, JSON).
@@ -100,6 +114,19 @@ pub struct Report {
     /// Sections that began after their locker's `shutdown()` returned (`D`).
     pub after_shutdown: Vec<String>,
     pub inexact_fences: Vec<String>,
+    /// `S` sections held to the end, and those beside a holder they exclude.
+    pub plain_held: usize,
+    pub plain_overlaps: Vec<String>,
+    /// `KindConflict`s, and those no holder or waiter of the other kind explains.
+    pub conflicts: usize,
+    pub conflicts_unjustified: Vec<String>,
+    /// Ticks whose runner died inside them (`K`): run late elsewhere, reported, excused
+    /// (server or every other instance disturbed), lost silently.
+    pub killed_ticks: usize,
+    pub killed_ticks_run: usize,
+    pub killed_ticks_reported: usize,
+    pub killed_ticks_excused: usize,
+    pub killed_ticks_lost: Vec<String>,
     /// How many sections (and `every()` runs) combined each pair of features.
     pub pairs: BTreeMap<(&'static str, &'static str), usize>,
 }
@@ -115,6 +142,9 @@ impl Report {
             ("left after shutdown", &self.left_after_shutdown),
             ("section after shutdown", &self.after_shutdown),
             ("fence not exact in a double", &self.inexact_fences),
+            ("hot or kind-changing key", &self.plain_overlaps),
+            ("KindConflict unjustified", &self.conflicts_unjustified),
+            ("tick of a dead runner", &self.killed_ticks_lost),
         ] {
             v.extend(list.iter().take(10).map(|l| format!("{what}: {l}")));
         }
@@ -125,7 +155,9 @@ impl Report {
         format!(
             "{} min_hold sections ({} broken), {} nested calls ({} bad), {} calls past their \
              bound ({} unexcused), every(): {} runs over {} ticks ({} reruns excused, {} \
-             broken), {} locks left after shutdown, {} fences above 2^53",
+             broken), {} locks left after shutdown, {} fences above 2^53; hot and kind-changing \
+             keys: {} sections held ({} overlaps), {} KindConflicts ({} unjustified); {} ticks \
+             whose runner died ({} run late, {} reported, {} excused, {} lost)",
             self.min_hold_sections,
             self.min_hold_broken.len(),
             self.nested,
@@ -137,7 +169,16 @@ impl Report {
             self.job_reruns_excused,
             self.job_broken.len(),
             self.left_after_shutdown.len(),
-            self.inexact_fences.len()
+            self.inexact_fences.len(),
+            self.plain_held,
+            self.plain_overlaps.len(),
+            self.conflicts,
+            self.conflicts_unjustified.len(),
+            self.killed_ticks,
+            self.killed_ticks_run,
+            self.killed_ticks_reported,
+            self.killed_ticks_excused,
+            self.killed_ticks_lost.len()
         )
     }
 }
@@ -279,6 +320,26 @@ fn pairs(
             _ => &[],
         };
         around(pid, from, to, &mut out, keys);
+        sets.push(out);
+    }
+    for f in of("S") {
+        let (pid, from, to) = (num(f[1]) as u32, num(f[4]), num(f[5]));
+        let kind: Kind = f[3].parse().unwrap_or(Kind::Exclusive);
+        let mut out = vec![match kind {
+            Kind::Read => "read",
+            Kind::Permits(_) => "permits",
+            _ => "write",
+        }];
+        if f[7] == "cancelled" {
+            out.push("cancellation");
+        }
+        if !num(f[10]).is_multiple_of(32) {
+            out.push("local_handoff");
+        }
+        if f[2] == "kinds:shift" {
+            out.push("kind_change");
+        }
+        around(pid, from, to, &mut out, &[]);
         sets.push(out);
     }
     for f in of("J") {
@@ -429,11 +490,15 @@ pub fn check(
                 runs.entry(num(f[2])).or_default().push(run);
             }
             Some("L") => r.left_after_shutdown.push(line.clone()),
-            Some("F" | "O" | "D") => {}
+            Some("F" | "O" | "D" | "S" | "K" | "G") => {}
             _ => panic!("bad mix record {line:?}"),
         }
     }
     r.pairs = pairs(lines, sections, stalls, faults);
+    let plain = plain_calls(lines);
+    plain_exclusion(&plain, &mut r);
+    plain_conflicts(&plain, &mut r);
+    killed_ticks(lines, &runs, stalls, faults, &mut r);
     r.job_ticks = runs.len();
     let mut all: Vec<(u64, u64, u32, u64, u64)> = Vec::new();
     for (tick, rs) in &runs {
@@ -479,6 +544,167 @@ pub fn check(
         }
     }
     r
+}
+
+/// A call on the hot key or the key that changes kind (`S`).
+#[derive(Debug, Clone)]
+struct Plain {
+    pid: u32,
+    key: String,
+    kind: Kind,
+    start: u64,
+    end: u64,
+    ttl_ns: u64,
+    outcome: String,
+    first: u64,
+    last: u64,
+    fence: u64,
+}
+
+fn plain_calls(lines: &[String]) -> Vec<Plain> {
+    (lines.iter())
+        .filter(|l| l.starts_with("S "))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Plain {
+                pid: num(f[1]) as u32,
+                key: f[2].to_owned(),
+                kind: f[3].parse().unwrap_or_else(|_| panic!("bad kind in {l:?}")),
+                start: num(f[4]),
+                end: num(f[5]),
+                ttl_ns: num(f[6]) * 1_000_000,
+                outcome: f[7].to_owned(),
+                first: num(f[8]),
+                last: num(f[9]),
+                fence: num(f[10]),
+            }
+        })
+        .collect()
+}
+
+/// Sections held to the end and released with proof held their lease throughout, from
+/// `first` to `last` at least: no two of kinds that exclude each other overlap there, no
+/// more than n permit holders at once, and exclusive ones carry fences in their order.
+fn plain_exclusion(plain: &[Plain], r: &mut Report) {
+    let mut held: Vec<&Plain> = plain.iter().filter(|p| p.outcome == "ok").collect();
+    held.sort_by_key(|p| (p.key.clone(), p.first));
+    r.plain_held = held.len();
+    for (i, a) in held.iter().enumerate() {
+        let beside: Vec<&&Plain> = (held[i + 1..].iter())
+            .take_while(|b| b.key == a.key && b.first < a.last)
+            .collect();
+        for (j, b) in beside.iter().enumerate() {
+            let shared = match (a.kind, b.kind) {
+                // Holders inside when `b` entered: `a`, `b` and those of `beside` still in.
+                (Kind::Permits(n), Kind::Permits(m)) if n == m => {
+                    let still = beside[..j].iter().filter(|o| o.last > b.first).count();
+                    still as u32 + 2 <= n
+                }
+                (Kind::Read, Kind::Read) => true,
+                _ => false,
+            };
+            if !shared {
+                r.plain_overlaps.push(format!(
+                    "{}: {} of pid {} (fence {}) and {} of pid {} (fence {}) held at once \
+                     for {:.1} ms",
+                    a.key,
+                    a.kind,
+                    a.pid,
+                    a.fence,
+                    b.kind,
+                    b.pid,
+                    b.fence,
+                    (a.last.min(b.last) - b.first) as f64 / 1e6
+                ));
+            }
+        }
+    }
+    let mut exclusive: Vec<&&Plain> = (held.iter())
+        .filter(|p| p.kind == Kind::Exclusive)
+        .collect();
+    exclusive.sort_by_key(|p| (p.key.clone(), p.first));
+    for w in exclusive.windows(2) {
+        if w[0].key == w[1].key && w[1].fence <= w[0].fence {
+            r.plain_overlaps.push(format!(
+                "{}: fence {} (pid {}) after fence {} (pid {})",
+                w[0].key, w[1].fence, w[1].pid, w[0].fence, w[0].pid
+            ));
+        }
+    }
+}
+
+/// Every `KindConflict` needs a call of the other kind that held or waited at the time; a
+/// call that did not end released may have left a lease, a queue registration (2 s) or a
+/// request held up in the network (the schedule holds them up to 0.9 s) behind it.
+fn plain_conflicts(plain: &[Plain], r: &mut Report) {
+    const SLACK_NS: u64 = 50_000_000;
+    let left_behind = |p: &Plain| match p.outcome.as_str() {
+        "ok" | "busy" | "conflict" => SLACK_NS,
+        _ => (p.ttl_ns + 1_000_000_000).max(2_100_000_000),
+    };
+    let permits = |k: Kind| matches!(k, Kind::Permits(_));
+    for x in plain.iter().filter(|p| p.outcome == "conflict") {
+        r.conflicts += 1;
+        let justified = plain.iter().any(|c| {
+            c.key == x.key
+                && permits(c.kind) != permits(x.kind)
+                && c.start <= x.end
+                && c.end + left_behind(c) >= x.start
+        });
+        if !justified {
+            r.conflicts_unjustified.push(format!(
+                "{}: {} of pid {} refused, no holder or waiter of another kind then ({:.1} ms)",
+                x.key,
+                x.kind,
+                x.pid,
+                (x.end - x.start) as f64 / 1e6
+            ));
+        }
+    }
+}
+
+/// The job's tick in which its runner killed itself (`K`) is run by another instance (`J`)
+/// once the dead runner's lease ran out, or reported (`G`); excused when the lock server, or
+/// every other instance running the job, was disturbed in the second after.
+fn killed_ticks(
+    lines: &[String],
+    runs: &BTreeMap<u64, Vec<(u32, u64, u64, u64)>>,
+    stalls: &[Stall],
+    faults: &[Disturbed],
+    r: &mut Report,
+) {
+    let fields: Vec<Vec<&str>> = (lines.iter())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let reported =
+        |tick: u64| (fields.iter()).any(|f| f[0] == "G" && num(f[2]) <= tick && tick < num(f[3]));
+    let runners: std::collections::BTreeSet<u32> =
+        runs.values().flatten().map(|run| run.0).collect();
+    for k in fields.iter().filter(|f| f[0] == "K") {
+        r.killed_ticks += 1;
+        let (pid, tick, at) = (num(k[1]) as u32, num(k[2]), num(k[3]));
+        let window = (at, at + 1_000_000_000);
+        let run_elsewhere = runs
+            .get(&tick)
+            .is_some_and(|rs| rs.iter().any(|run| run.0 != pid));
+        let server = (faults.iter()).any(|f| f.touches(EVERYONE, window.0, window.1));
+        let others = runners.iter().filter(|&&p| p != pid);
+        let everyone_else = others
+            .clone()
+            .all(|&p| disturbed(p, window.0, window.1, stalls, faults));
+        if run_elsewhere {
+            r.killed_ticks_run += 1;
+        } else if reported(tick) {
+            r.killed_ticks_reported += 1;
+        } else if server || (everyone_else && others.count() > 0) {
+            r.killed_ticks_excused += 1;
+        } else {
+            r.killed_ticks_lost.push(format!(
+                "tick {tick}: its runner (pid {pid}) died inside it; no instance ran it late \
+                 or reported it"
+            ));
+        }
+    }
 }
 
 /// What the lock server holds once every worker has exited: keys by class, and what should
