@@ -315,7 +315,8 @@ fn run_seed(
     let failed = !report.violations().is_empty()
         || mix.as_ref().is_some_and(|m| !m.violations().is_empty())
         || left.as_ref().is_some_and(|s| !s.violations.is_empty());
-    if failed {
+    // `LOCKRT_CHAOS_KEEP=1` keeps them for a look at a green run too.
+    if failed || std::env::var_os("LOCKRT_CHAOS_KEEP").is_some() {
         println!("seed {seed}: records kept in {}", dir.display());
     } else {
         let _ = std::fs::remove_dir_all(&dir);
@@ -362,6 +363,10 @@ fn spawn_workers(
                     // This one's locker shuts down mid-run, its callers still calling.
                     let at = secs.as_millis() * 7 / 10;
                     settings.push(("shutdown_ms", at.to_string()));
+                }
+                if i > 0 {
+                    // These leave permits of the key that changes kind unreleased, in turns.
+                    settings.push(("leak", ((i - 1) % 2).to_string()));
                 }
             }
             Worker::spawn("worker", &settings, file(i, "out"))

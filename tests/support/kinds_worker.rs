@@ -83,6 +83,10 @@ pub(crate) fn main() {
             });
         }
         let dies = die.map(|d| (tokio::time::Instant::now() + d, seed));
+        if let (Some(first), Some(ev)) = (cfg.get("leak"), &events) {
+            let first = first.parse().unwrap();
+            tokio::spawn(leave_shares(locker.clone(), ev.clone(), first, end));
+        }
         let job = events
             .clone()
             .map(|ev| tokio::spawn(job(locker.clone(), ev, dies)));
@@ -213,18 +217,18 @@ async fn connect(url: &str, rng: &mut Rng) -> (Locker, Duration) {
     panic!("could not connect through the proxy {url}");
 }
 
-/// The long lease of some permits of the key that changes kind (`Caller::plain`).
-const LONG_TTL: Duration = Duration::from_secs(3);
+/// The long lease of the permits `leave_shares` takes: a kind record that outlived the last
+/// share would refuse the next kinds' callers for that long.
+const LONG_TTL: Duration = Duration::from_secs(5);
 
 /// What the key that changes kind is used as now: the same for every worker (the host's
-/// monotonic clock), a new kind every 1.2 s: a semaphore, a lock, a semaphore, a read-write
-/// lock (readers mostly), and again.
+/// monotonic clock), a new kind every 1.2 s: a semaphore, a lock, a read-write lock (readers
+/// mostly), a lock, and again.
 fn shift_kind(now_ns: u64, rng: &mut Rng) -> Kind {
     match (now_ns / 1_200_000_000) % 4 {
-        0 | 2 => Kind::Permits(PERMITS),
-        1 => Kind::Exclusive,
-        _ if rng.chance(30) => Kind::Exclusive,
-        _ => Kind::Read,
+        0 => Kind::Permits(PERMITS),
+        2 if rng.chance(70) => Kind::Read,
+        _ => Kind::Exclusive,
     }
 }
 
@@ -275,6 +279,70 @@ async fn job(locker: Locker, ev: Log, dies: Option<(tokio::time::Instant, u64)>)
         }
     })
     .await;
+}
+
+/// Two workers of the generator, near the end of every other semaphore turn of the key that
+/// changes kind (`first`: 0 or 1, which of them), until the run ends: a permit on a long
+/// lease, and beside it one on a short fixed lease; the long one is released at once, the
+/// short one never (recorded
+/// `S … leaked`, as a holder that died would leave it): it runs out on the server after the
+/// turn's last permits were released, and the kind record must not outlive it (rule 6: until
+/// the long lease would have ended, callers of other kinds would be refused).
+async fn leave_shares(locker: Locker, ev: Log, first: u64, end: tokio::time::Instant) {
+    let turn = 4 * 1_200_000_000;
+    let mut at = (mono_ns() / turn + 1 + first) * turn + 900_000_000;
+    let mut kept = Vec::new();
+    while tokio::time::Instant::now() + Duration::from_nanos(at - mono_ns()) < end {
+        tokio::time::sleep(Duration::from_nanos(at - mono_ns())).await;
+        kept.extend(leave_a_share(&locker, &ev).await);
+        at += 2 * turn;
+    }
+    // Never released, not even by a drop: kept until the process ends.
+    std::future::pending::<()>().await;
+    drop(kept);
+}
+
+/// One turn of `leave_shares`: the guard of the permit left unreleased.
+async fn leave_a_share(locker: &Locker, ev: &Log) -> Option<lockrt::LockGuard> {
+    let sem = Kind::Permits(PERMITS).options().wait(ms(200));
+    let pid = std::process::id();
+    // The turn's first moments may still see the last turn's holders (`KindConflict`).
+    let mut long = None;
+    let mut start = 0;
+    for _ in 0..30 {
+        start = mono_ns();
+        if let Ok(g) = locker.acquire(SHIFT_KEY, sem.ttl(LONG_TTL)).await {
+            long = Some(g);
+            break;
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+    let long = long?;
+    let (first, fence) = (mono_ns(), long.fence());
+    // Taken while the long one is held: the key's records live as long as the long lease.
+    let at = mono_ns();
+    let short = locker
+        .acquire(SHIFT_KEY, sem.ttl(ms(300)).watchdog(false))
+        .await;
+    let taken = mono_ns();
+    let last = mono_ns();
+    let outcome = match long.release().await {
+        Ok(()) => "ok",
+        Err(_) => "error",
+    };
+    ev.append(&format!(
+        "S {pid} {SHIFT_KEY} {} {start} {} {} {outcome} {first} {last} {fence} 200",
+        Kind::Permits(PERMITS),
+        mono_ns(),
+        LONG_TTL.as_millis()
+    ));
+    let g = short.ok()?;
+    ev.append(&format!(
+        "S {pid} {SHIFT_KEY} {} {at} {taken} 300 leaked 0 0 {} 200",
+        Kind::Permits(PERMITS),
+        g.fence()
+    ));
+    Some(g)
 }
 
 /// Installs the worker's log: with the generator, every WARN of the job about a tick (`G <pid>
@@ -428,7 +496,7 @@ impl Caller {
                 Role::Rw if self.rng.chance(35) => Kind::Exclusive,
                 Role::Rw => Kind::Read,
                 Role::Hot | Role::Shift => {
-                    self.plain(end, &mut tally).await;
+                    self.plain(&mut tally).await;
                     tokio::time::sleep(self.rng.ms(0, 10)).await;
                     continue;
                 }
@@ -623,11 +691,12 @@ impl Caller {
     }
 
     /// One use of the hot key or of the key that changes kind, with a guard; recorded as `S
-    /// <pid> <key> <kind> <start ns> <end ns> <ttl ms> <outcome> <first ns> <last ns> <fence>`
+    /// <pid> <key> <kind> <start ns> <end ns> <ttl ms> <outcome> <first ns> <last ns> <fence>
+    /// <wait ms>`
     /// (`support::mix`): `first` and `last` are the moments the body found its lease not lost
     /// (0: never), `outcome` what the caller was told: `ok` (held to the end and released),
     /// `busy`, `conflict` (`KindConflict`), `timeout`, `lost`, `error`, `shutdown`, `cancelled`.
-    async fn plain(&mut self, end: tokio::time::Instant, tally: &mut Tally) {
+    async fn plain(&mut self, tally: &mut Tally) {
         let Some(ev) = self.events.clone() else {
             return;
         };
@@ -636,20 +705,16 @@ impl Caller {
             Role::Hot => (HOT_KEY, Kind::Exclusive),
             _ => (SHIFT_KEY, shift_kind(mono_ns(), rng)),
         };
-        let left = end.saturating_duration_since(tokio::time::Instant::now());
-        // Permits on a fixed lease their bodies often outlast (a share that runs out
-        // unreleased), or on a long one released early: the kind record's two ways to outlive
-        // the holders (rule 6).
+        // Permits on a fixed lease their bodies often outlast, not watching for the loss (a
+        // share released only after it ran out; `leave_shares` leaves some unreleased).
+        let heedless = matches!(kind, Kind::Permits(_)) && rng.chance(40);
         let (ttl, fixed, work) = match (self.role, kind) {
             (Role::Hot, _) => (
                 ms([500, 1_000][rng.range(0, 1) as usize]),
                 false,
                 rng.ms(0, 3),
             ),
-            (_, Kind::Permits(_)) if rng.chance(40) => (ms(300), true, rng.ms(150, 500)),
-            (_, Kind::Permits(_)) if rng.chance(30) && left > LONG_TTL + ms(1_500) => {
-                (LONG_TTL, false, rng.ms(0, 40))
-            }
+            (_, Kind::Permits(_)) if heedless => (ms(300), true, rng.ms(150, 600)),
             _ => {
                 let ttl = ms([200, 500, 1_000][rng.range(0, 2) as usize]);
                 let work = match rng.chance(15) {
@@ -659,10 +724,13 @@ impl Caller {
                 (ttl, rng.chance(20), work)
             }
         };
-        let wait = match (self.role, rng.chance(20)) {
-            (Role::Hot, _) => rng.ms(50, 600),
-            (_, true) => Duration::ZERO,
-            (_, false) => rng.ms(0, 800),
+        // Permits of the key that changes kind are taken at once or not: a waiter's queue
+        // registration would outlive its call when the call is cut off (and then justify
+        // refusals of other kinds for seconds).
+        let wait = match (self.role, kind, rng.chance(20)) {
+            (Role::Hot, ..) => rng.ms(50, 600),
+            (_, Kind::Permits(_), _) | (_, _, true) => Duration::ZERO,
+            _ => rng.ms(0, 800),
         };
         let at_once = rng.chance(20);
         let cancel = (self.cancel && rng.chance(15)).then(|| rng.ms(0, 800));
@@ -681,7 +749,8 @@ impl Caller {
             stamps[3].store(g.fence(), Ordering::SeqCst);
             if !g.is_lost() {
                 stamps[1].store(mono_ns(), Ordering::SeqCst);
-                if work_for(work, Some(&g)).await && !g.is_lost() {
+                let watch = (!heedless).then_some(&g);
+                if work_for(work, watch).await && !g.is_lost() {
                     stamps[2].store(mono_ns(), Ordering::SeqCst);
                 }
             }
@@ -709,16 +778,18 @@ impl Caller {
             Role::Hot => "hot",
             _ => "shift",
         });
+        // A `try_acquire` ignores `wait` (and never queues).
+        let wait = if at_once { Duration::ZERO } else { wait };
         ev.append(&format!(
-            "S {} {key} {kind} {start} {done} {} {outcome} {first} {last} {fence}",
+            "S {} {key} {kind} {start} {done} {} {outcome} {first} {last} {fence} {}",
             std::process::id(),
-            ttl.as_millis()
+            ttl.as_millis(),
+            wait.as_millis()
         ));
         let until = match began {
             0 if res.is_ok() => done,
             b => b,
         };
-        let wait = if at_once { Duration::ZERO } else { wait };
         let how = || format!("{key}/{kind}/wait{}ms", wait.as_millis());
         self.bound_kept(&ev, (start, until), wait, how, outcome);
     }

@@ -23,7 +23,8 @@
 //!   may begin after one returned.
 //! - `O <pid> <fence> <start ns> <end ns> <kind> <flags>`: what a section combined, for the
 //!   pair counts (kind, options, nesting, cancellation, local hand-off).
-//! - `S <pid> <key> <kind> <start ns> <end ns> <ttl ms> <outcome> <first ns> <last ns> <fence>`:
+//! - `S <pid> <key> <kind> <start ns> <end ns> <ttl ms> <outcome> <first ns> <last ns> <fence>
+//!   <wait ms>`:
 //!   a call on the hot key (local hand-off chains) or on the key that changes kind. Sections
 //!   held to the end and released with proof (`ok`; `first`, `last`: when the body found its
 //!   lease not lost) never overlap a holder of another kind, more than n permit holders or,
@@ -497,7 +498,7 @@ pub fn check(
     r.pairs = pairs(lines, sections, stalls, faults);
     let plain = plain_calls(lines);
     plain_exclusion(&plain, &mut r);
-    plain_conflicts(&plain, &mut r);
+    plain_conflicts(&plain, stalls, faults, &mut r);
     killed_ticks(lines, &runs, stalls, faults, &mut r);
     r.job_ticks = runs.len();
     let mut all: Vec<(u64, u64, u32, u64, u64)> = Vec::new();
@@ -559,6 +560,7 @@ struct Plain {
     first: u64,
     last: u64,
     fence: u64,
+    wait_ns: u64,
 }
 
 fn plain_calls(lines: &[String]) -> Vec<Plain> {
@@ -577,6 +579,7 @@ fn plain_calls(lines: &[String]) -> Vec<Plain> {
                 first: num(f[8]),
                 last: num(f[9]),
                 fence: num(f[10]),
+                wait_ns: num(f[11]) * 1_000_000,
             }
         })
         .collect()
@@ -633,14 +636,24 @@ fn plain_exclusion(plain: &[Plain], r: &mut Report) {
     }
 }
 
-/// Every `KindConflict` needs a call of the other kind that held or waited at the time; a
-/// call that did not end released may have left a lease, a queue registration (2 s) or a
-/// request held up in the network (the schedule holds them up to 0.9 s) behind it.
-fn plain_conflicts(plain: &[Plain], r: &mut Report) {
+/// Every `KindConflict` needs a call of the other kind that held or waited at the time. What
+/// a call may leave behind on the server after it returned: nothing once released or refused;
+/// a lease told lost, until its ttl; one that timed out, was cancelled or failed, its clean-up
+/// (a release, leaving the queue) a moment later, but with its worker or the server disturbed
+/// its lease, its queue registration (2 s, if it waited) and a request held up in the network
+/// (the schedule holds them up to 0.9 s) that lands later.
+fn plain_conflicts(plain: &[Plain], stalls: &[Stall], faults: &[Disturbed], r: &mut Report) {
     const SLACK_NS: u64 = 50_000_000;
+    const SECOND: u64 = 1_000_000_000;
     let left_behind = |p: &Plain| match p.outcome.as_str() {
         "ok" | "busy" | "conflict" => SLACK_NS,
-        _ => (p.ttl_ns + 1_000_000_000).max(2_100_000_000),
+        // Refused at once after its locker's `shutdown()`: it sent nothing.
+        "shutdown" if p.end - p.start < 5_000_000 => SLACK_NS,
+        // Never released: the lease runs out within its ttl of the grant (before `end`).
+        "lost" | "leaked" => p.ttl_ns + SLACK_NS,
+        _ if !disturbed(p.pid, p.start, p.end + SECOND, stalls, faults) => 4 * SLACK_NS,
+        _ if p.wait_ns == 0 => p.ttl_ns + SECOND,
+        _ => p.ttl_ns.max(2 * SECOND) + SECOND,
     };
     let permits = |k: Kind| matches!(k, Kind::Permits(_));
     for x in plain.iter().filter(|p| p.outcome == "conflict") {

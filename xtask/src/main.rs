@@ -62,9 +62,144 @@ fn demo_args(args: &[String]) -> &[String] {
     }
 }
 
+/// Every test: built once, then the doc tests, then the test binaries two at a time (most
+/// of their time is spent waiting on servers and timers, so a 2-core machine runs two at
+/// once in about half the time), each binary's output shown whole when it ends. The binaries
+/// that load the machine or time it closely (`SOLO`) run one at a time, alone. With
+/// arguments, `cargo test --workspace ARGS` as it is.
 fn test(args: &[String]) -> Result<(), String> {
     ensure_redis_server()?;
-    cargo(&["test", "--workspace"], args)
+    if !args.is_empty() {
+        return cargo(&["test", "--workspace"], args);
+    }
+    let start = Instant::now();
+    let binaries = test_binaries()?;
+    cargo(&["test", "--workspace", "--doc"], &[])?;
+    let (solo, paired): (Vec<_>, Vec<_>) = binaries.into_iter().partition(|b| b.solo());
+    let mut failed = run_all(paired, 2);
+    failed.extend(run_all(solo, 1));
+    eprintln!(
+        "xtask test: {} in {:.0} s",
+        if failed.is_empty() {
+            "passed"
+        } else {
+            "FAILED"
+        },
+        start.elapsed().as_secs_f64()
+    );
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("failed: {}", failed.join(", ")))
+    }
+}
+
+/// Test binaries run alone: the UI tests compile crates (both cores busy), the chaos and
+/// crossing tests judge timing under faults they inject.
+const SOLO: [&str; 6] = [
+    "ui",
+    "crossings",
+    "chaos_kinds",
+    "chaos_schedule",
+    "chaos_multi_key",
+    "chaos_topology",
+];
+
+/// A built test binary and the package directory it runs in (as `cargo test` runs it).
+struct TestBinary {
+    name: String,
+    exe: String,
+    dir: String,
+}
+
+impl TestBinary {
+    fn solo(&self) -> bool {
+        SOLO.contains(&self.name.as_str())
+    }
+}
+
+/// Builds every test target (what `cargo test --workspace` builds) and lists the binaries,
+/// from cargo's JSON messages.
+fn test_binaries() -> Result<Vec<TestBinary>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args(["test", "--workspace", "--no-run"])
+        .arg("--message-format=json-render-diagnostics")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not run {cargo}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("building the tests failed ({})", out.status));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.lines().filter_map(test_binary).collect())
+}
+
+/// The test binary a `compiler-artifact` message of cargo names, if any.
+fn test_binary(line: &str) -> Option<TestBinary> {
+    // Examples are built too (the tests run them), not as tests.
+    if !line.contains(r#""reason":"compiler-artifact""#) || !line.contains(r#""test":true"#) {
+        return None;
+    }
+    let exe = json_str(line, "executable")?;
+    let manifest = json_str(line, "manifest_path")?;
+    let dir = std::path::Path::new(&manifest)
+        .parent()?
+        .display()
+        .to_string();
+    let name = json_str(line, "name")?;
+    Some(TestBinary { name, exe, dir })
+}
+
+/// The string value of the first `"key":"…"` in `line` (cargo writes paths and names
+/// without escapes here on the machines we run on; one with a backslash escape is skipped).
+fn json_str(line: &str, key: &str) -> Option<String> {
+    let at = line.find(&format!(r#""{key}":""#))? + key.len() + 4;
+    let value = &line[at..at + line[at..].find('"')?];
+    (!value.contains('\\')).then(|| value.to_owned())
+}
+
+/// Runs `binaries`, `at_once` at a time; each one's output printed when it ends. The names
+/// of those that failed.
+fn run_all(binaries: Vec<TestBinary>, at_once: usize) -> Vec<String> {
+    let queue = std::sync::Mutex::new(binaries.into_iter());
+    let failed = std::sync::Mutex::new(Vec::new());
+    let print = std::sync::Mutex::new(());
+    std::thread::scope(|s| {
+        for _ in 0..at_once {
+            s.spawn(|| {
+                while let Some(b) = queue.lock().unwrap().next() {
+                    let started = Instant::now();
+                    let out = Command::new(&b.exe)
+                        .current_dir(&b.dir)
+                        .env("CARGO_MANIFEST_DIR", &b.dir)
+                        .output();
+                    let _one_at_a_time = print.lock().unwrap();
+                    println!(
+                        "     Running {} ({:.1} s)",
+                        b.exe,
+                        started.elapsed().as_secs_f64()
+                    );
+                    let ok = match out {
+                        Ok(o) => {
+                            use std::io::Write as _;
+                            let _ = std::io::stdout().write_all(&o.stdout);
+                            let _ = std::io::stderr().write_all(&o.stderr);
+                            o.status.success()
+                        }
+                        Err(e) => {
+                            eprintln!("could not run {}: {e}", b.exe);
+                            false
+                        }
+                    };
+                    if !ok {
+                        failed.lock().unwrap().push(b.name.clone());
+                    }
+                }
+            });
+        }
+    });
+    failed.into_inner().unwrap()
 }
 
 /// The chaos tier: every ignored test whose name contains `chaos` (the slow fault cases and
