@@ -368,7 +368,8 @@ where
         Ok(Claim::GivenUp) => return Ok(Turn::GivenUp),
         Ok(Claim::TooLate) => return Ok(Turn::TooLate),
         Err(LockError::Backend(e)) => {
-            tracing::warn!(job = name, error = %e, "could not claim the tick");
+            // The tick is left to the others: named, so that one lost with it is not silent.
+            tracing::warn!(job = name, tick = start as u64, error = %e, "could not claim the tick");
             return Ok(Turn::Failed);
         }
         Err(e) => return Err(e),
@@ -423,7 +424,7 @@ where
         }
         Err(LockError::Lost { .. }) => Turn::Lost,
         Err(LockError::Backend(e)) => {
-            tracing::warn!(job = name, error = %e, "could not lock the job");
+            tracing::warn!(job = name, tick = start as u64, error = %e, "could not lock the job");
             Turn::Failed
         }
         Err(e) => return Err(e),

@@ -35,9 +35,9 @@
 //!   (its lease, a queue registration, a request held up in the network).
 //! - `K <pid> <tick ms> <ns>`: the job's worker kills itself (SIGKILL) inside that tick, which
 //!   it runs, late in the tick. The tick is run by another instance (`J`), or reported (`G`),
-//!   unless the lock server or every other instance was disturbed then.
+//!   unless no other instance ran the job any more.
 //! - `G <pid> <from ms> <to ms> <words>`: the job's WARN about the ticks `[from, to)` (given
-//!   up, run by nobody, not known whether run, run late).
+//!   up, run by nobody, not known whether run, run late, left to the others for a failure).
 //!
 //! And of every section: its fence below 2^53, exact where fenced storage compares fences as
 //! doubles (a Lua script, JavaScript, JSON).
@@ -121,8 +121,8 @@ pub struct Report {
     /// `KindConflict`s, and those no holder or waiter of the other kind explains.
     pub conflicts: usize,
     pub conflicts_unjustified: Vec<String>,
-    /// Ticks whose runner died inside them (`K`): run late elsewhere, reported, excused
-    /// (server or every other instance disturbed), lost silently.
+    /// Ticks whose runner died inside them (`K`): run late elsewhere, reported, excused (no
+    /// other instance ran the job any more), lost silently.
     pub killed_ticks: usize,
     pub killed_ticks_run: usize,
     pub killed_ticks_reported: usize,
@@ -499,7 +499,7 @@ pub fn check(
     let plain = plain_calls(lines);
     plain_exclusion(&plain, &mut r);
     plain_conflicts(&plain, stalls, faults, &mut r);
-    killed_ticks(lines, &runs, stalls, faults, &mut r);
+    killed_ticks(lines, &runs, &mut r);
     r.job_ticks = runs.len();
     let mut all: Vec<(u64, u64, u32, u64, u64)> = Vec::new();
     for (tick, rs) in &runs {
@@ -677,39 +677,28 @@ fn plain_conflicts(plain: &[Plain], stalls: &[Stall], faults: &[Disturbed], r: &
 }
 
 /// The job's tick in which its runner killed itself (`K`) is run by another instance (`J`)
-/// once the dead runner's lease ran out, or reported (`G`); excused when the lock server, or
-/// every other instance running the job, was disturbed in the second after.
-fn killed_ticks(
-    lines: &[String],
-    runs: &BTreeMap<u64, Vec<(u32, u64, u64, u64)>>,
-    stalls: &[Stall],
-    faults: &[Disturbed],
-    r: &mut Report,
-) {
+/// once the dead runner's lease ran out, or reported (`G`: given up, run by nobody, not run
+/// here, or left to the others for a failure, each naming the tick); excused only when no
+/// other instance ran the job any more.
+fn killed_ticks(lines: &[String], runs: &BTreeMap<u64, Vec<(u32, u64, u64, u64)>>, r: &mut Report) {
     let fields: Vec<Vec<&str>> = (lines.iter())
         .map(|l| l.split_whitespace().collect())
         .collect();
     let reported =
         |tick: u64| (fields.iter()).any(|f| f[0] == "G" && num(f[2]) <= tick && tick < num(f[3]));
-    let runners: std::collections::BTreeSet<u32> =
-        runs.values().flatten().map(|run| run.0).collect();
     for k in fields.iter().filter(|f| f[0] == "K") {
         r.killed_ticks += 1;
         let (pid, tick, at) = (num(k[1]) as u32, num(k[2]), num(k[3]));
-        let window = (at, at + 1_000_000_000);
         let run_elsewhere = runs
             .get(&tick)
             .is_some_and(|rs| rs.iter().any(|run| run.0 != pid));
-        let server = (faults.iter()).any(|f| f.touches(EVERYONE, window.0, window.1));
-        let others = runners.iter().filter(|&&p| p != pid);
-        let everyone_else = others
-            .clone()
-            .all(|&p| disturbed(p, window.0, window.1, stalls, faults));
+        let others_went_on =
+            (runs.values().flatten()).any(|&(p, _, start, _)| p != pid && start > at);
         if run_elsewhere {
             r.killed_ticks_run += 1;
         } else if reported(tick) {
             r.killed_ticks_reported += 1;
-        } else if server || (everyone_else && others.count() > 0) {
+        } else if !others_went_on {
             r.killed_ticks_excused += 1;
         } else {
             r.killed_ticks_lost.push(format!(
