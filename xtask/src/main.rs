@@ -137,8 +137,11 @@ fn test_binaries() -> Result<Vec<TestBinary>, String> {
 
 /// The test binary a `compiler-artifact` message of cargo names, if any.
 fn test_binary(line: &str) -> Option<TestBinary> {
-    // Examples are built too (the tests run them), not as tests.
-    if !line.contains(r#""reason":"compiler-artifact""#) || !line.contains(r#""test":true"#) {
+    // Examples and binaries are built too (the tests run them), not as tests: only a test
+    // profile's artifact is a test binary.
+    let profile = &line[line.find(r#""profile":{"#)?..];
+    let profile = &profile[..profile.find('}')?];
+    if !line.contains(r#""reason":"compiler-artifact""#) || !profile.contains(r#""test":true"#) {
         return None;
     }
     let exe = json_str(line, "executable")?;
@@ -168,7 +171,10 @@ fn run_all(binaries: Vec<TestBinary>, at_once: usize) -> Vec<String> {
     std::thread::scope(|s| {
         for _ in 0..at_once {
             s.spawn(|| {
-                while let Some(b) = queue.lock().unwrap().next() {
+                loop {
+                    // Taken out first: the queue's lock must not be held while the binary runs.
+                    let next = queue.lock().unwrap().next();
+                    let Some(b) = next else { break };
                     let started = Instant::now();
                     let out = Command::new(&b.exe)
                         .current_dir(&b.dir)
@@ -311,7 +317,7 @@ fn ensure_redis_server() -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{chaos_filter, demo_args};
+    use super::{chaos_filter, demo_args, test_binary};
 
     #[test]
     fn chaos_runs_the_chaos_tests_unless_given_a_filter() {
@@ -325,6 +331,23 @@ mod tests {
             chaos_filter(&v(&["chaos_schedule_long"])),
             v(&["chaos_schedule_long"])
         );
+    }
+
+    #[test]
+    fn only_artifacts_of_the_test_profile_are_test_binaries() {
+        let line = |kind: &str, test: bool| {
+            format!(
+                r#"{{"reason":"compiler-artifact","package_id":"p","manifest_path":"/w/lockrt/Cargo.toml","target":{{"kind":["{kind}"],"name":"watchdog","test":true}},"profile":{{"opt_level":"0","test":{test}}},"executable":"/w/target/debug/deps/watchdog-1"}}"#
+            )
+        };
+        let b = test_binary(&line("test", true)).expect("a test binary");
+        assert_eq!(
+            (b.name.as_str(), b.exe.as_str()),
+            ("watchdog", "/w/target/debug/deps/watchdog-1")
+        );
+        assert_eq!(b.dir, "/w/lockrt");
+        assert!(test_binary(&line("bin", false)).is_none());
+        assert!(test_binary(r#"{"reason":"build-finished","success":true}"#).is_none());
     }
 
     #[test]
