@@ -709,7 +709,7 @@ mod chaos_hot_key {
     }
 
     fn seed() -> u64 {
-        std::env::var("ADV_SEED")
+        std::env::var("LOCKRT_CHAOS_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(0x9e37_79b9_7f4a_7c15)

@@ -199,9 +199,10 @@ mod renewal_latency {
     }
 
     async fn run_case(ttl_ms: u64, delay_ms: u64) -> (bool, Duration, u64, Duration) {
-        if std::env::var("ADV_TRACE").is_ok() {
+        // Diagnosis: `LOCKRT_CHAOS_LOG=lockrt=trace` logs the case.
+        if let Ok(filter) = std::env::var("LOCKRT_CHAOS_LOG") {
             let _ = tracing_subscriber::fmt()
-                .with_env_filter("lockrt=trace")
+                .with_env_filter(filter.as_str())
                 .with_test_writer()
                 .try_init();
         }
