@@ -135,8 +135,8 @@ where
     let slots = check(locker, name, tick, &opts)?;
     let tick_ms = tick.as_millis().max(1);
     let mut start = next_tick(now_ms(), tick_ms);
-    // Ticks left to a run going on elsewhere past their end: looked at again later, so that
-    // one whose runner then dies (or is stopped) unfinished is not lost silently.
+    // Ticks left to a run going on elsewhere past their end, or whose run here was cut short
+    // or failed: looked at again later, so that one nobody finishes is not lost silently.
     let mut running: Vec<u128> = Vec::new();
     loop {
         tokio::select! {
@@ -148,6 +148,13 @@ where
         let turn = take_turn(locker, name, &claim, start, tick_ms, opts, &mut job).await;
         match turn {
             Ok(Turn::Running) if running.len() < MAX_WATCHED => running.push(start),
+            // A run cut short (its lock lost, a late run too) or a claim that failed may leave
+            // the tick to nobody: no instance may wait for it any more (with two instances, one
+            // died). Looked at again like a run going on elsewhere, and reported if unfinished.
+            Ok(turn @ (Turn::Lost | Turn::Failed)) if running.len() < MAX_WATCHED => {
+                log_turn(name, start, turn);
+                running.push(start);
+            }
             Ok(turn) => log_turn(name, start, turn),
             Err(LockError::ShutDown) => return Ok(()),
             Err(e) => return Err(e),
@@ -189,9 +196,18 @@ async fn watch(locker: &Locker, name: &str, running: &mut Vec<u128>, tick_ms: u1
             ),
             // Gone unfinished, but another instance may still take it over.
             Ok(None) if now < tick + 2 * tick_ms => kept.push(tick),
-            Ok(None) => log_turn(name, tick, Turn::RunByNobody),
-            // The server can't say now: looked at again next time.
-            Err(_) => kept.push(tick),
+            // A finished run's mark would still be there.
+            Ok(None) if now < marked_until(tick, tick_ms) => {
+                log_turn(name, tick, Turn::RunByNobody)
+            }
+            // The server can't say now: looked at again next time, while a mark would tell.
+            Err(_) if now < marked_until(tick, tick_ms) => kept.push(tick),
+            Ok(None) | Err(_) => tracing::warn!(
+                job = name,
+                tick = tick as u64,
+                "tick cut short or failed here, and looked at again only after a finished run's \
+                 mark would have expired: not known whether another instance ran it"
+            ),
         }
     }
     *running = kept;
@@ -475,7 +491,7 @@ async fn claim_tick(
     // When the holder's lease ends, as last seen (Unix ms): a later one means it renewed.
     let mut expiry: Option<u128> = None;
     // A finished run's mark lives at least this long past the tick's end.
-    let marked_until = end + tick_ms.max(KEEP_PAST_END.as_millis());
+    let marked_until = marked_until(start, tick_ms);
     for _ in 0..MAX_CLAIM_ROUNDS {
         match locker.acquire(key, opts.wait(ms_until(until))).await {
             // Taken after a finished run's mark may have expired (this process was stopped,
@@ -578,8 +594,9 @@ fn log_turn(name: &str, start: u128, turn: Turn) {
             tracing::warn!(
                 job = name,
                 tick,
-                "tick run by no instance: this one was busy with an earlier tick (a late or \
-                 overrunning run) and no other took it"
+                "tick run by no instance: no run of it finished and none may start any more (its \
+                 run was cut short or failed, its runner died, or this one was busy with an \
+                 earlier tick)"
             );
         }
         Turn::TooLate => tracing::warn!(
@@ -590,6 +607,12 @@ fn log_turn(name: &str, start: u128, turn: Turn) {
         ),
         Turn::Failed | Turn::Stopped => {}
     }
+}
+
+/// Until when (Unix ms) a finished run of the tick starting at `tick` keeps its mark on the
+/// tick's claim: past its end by a tick, at least [`KEEP_PAST_END`].
+fn marked_until(tick: u128, tick_ms: u128) -> u128 {
+    tick + tick_ms + tick_ms.max(KEEP_PAST_END.as_millis())
 }
 
 /// The first tick start at or after `now` (both Unix ms): the first tick [`every`] claims.
