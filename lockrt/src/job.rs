@@ -77,7 +77,9 @@ enum Turn {
 ///   given up with a WARN and the counter `lockrt_job_ticks_given_up_total`. A finished run keeps its claim a tick (at least a second) past the
 ///   tick's end, so neither a crash after the run nor a clock that lags by less than that makes
 ///   it run twice. A run stopped by `shutdown()` or a lost lock is not finished: an instance
-///   still waiting runs the tick.
+///   still waiting runs the tick. A tick whose run was cut short (also a late run's) or whose
+///   claim failed is looked at again, and one that no instance finished is reported (WARN
+///   `tick run by no instance`, the same counter).
 /// - **Runs never overlap**: each holds the lock `name`; a tick whose run can't start before
 ///   the tick ends (the previous run still going) is skipped and logged at WARN. `max_hold`
 ///   bounds a run (default: one tick); past it the job is cancelled.
