@@ -298,27 +298,35 @@ struct Killed {
 }
 
 /// SIGKILLs the instance that starts the first run, `into` into its tick, and collects what
-/// the instances print until `done(victim's tick, events so far)`.
+/// the instances print until `done(victim's tick, events so far)`. Meanwhile, once the victim
+/// is known, `meanwhile(µs since its tick's start)` is called at least every 20 ms (a fault of
+/// the test's own at a moment of that tick).
 async fn kill_first_runner(
     instances: &mut [Child],
     rx: &mut mpsc::UnboundedReceiver<(u32, String)>,
     deadline: tokio::time::Instant,
     into: Duration,
-    done: impl Fn(u64, &[Event]) -> bool,
+    (done, mut meanwhile): (impl Fn(u64, &[Event]) -> bool, impl FnMut(u128)),
 ) -> Killed {
     let (mut events, mut logs) = (Vec::new(), Vec::new());
     let mut victim: Option<(u32, u64)> = None;
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut killed_at = 0u128;
     loop {
-        let wake = kill_at.unwrap_or(deadline);
+        if let Some((_, tick)) = victim {
+            meanwhile(now_us().saturating_sub(u128::from(tick) * 1000));
+        }
+        let soon = tokio::time::Instant::now() + Duration::from_millis(20);
+        let wake = kill_at.map_or(soon, |k| k.min(soon));
         tokio::select! {
-            () = tokio::time::sleep_until(wake), if kill_at.is_some() => {
-                let (pid, _) = victim.expect("a victim");
-                let child = instances.iter_mut().find(|c| c.id() == Some(pid)).unwrap();
-                child.start_kill().expect("SIGKILL");
-                killed_at = now_us();
-                kill_at = None;
+            () = tokio::time::sleep_until(wake), if victim.is_some() => {
+                if kill_at.is_some_and(|k| k <= tokio::time::Instant::now()) {
+                    let (pid, _) = victim.expect("a victim");
+                    let child = instances.iter_mut().find(|c| c.id() == Some(pid)).unwrap();
+                    child.start_kill().expect("SIGKILL");
+                    killed_at = now_us();
+                    kill_at = None;
+                }
             }
             got = tokio::time::timeout_at(deadline, rx.recv()) => {
                 let (pid, line) = got.expect("within the limit").expect("printing");
@@ -374,7 +382,7 @@ async fn a_runner_killed_late_in_its_tick_is_taken_over_after_the_tick_ends() {
         &mut rx,
         deadline,
         support::ms(1_200),
-        finished,
+        (finished, |_| {}),
     )
     .await;
     let ends: Vec<&Event> = events
@@ -437,7 +445,14 @@ async fn a_tick_nobody_could_run_after_a_late_takeover_is_reported() {
         events,
         logs,
         ..
-    } = kill_first_runner(&mut instances, &mut rx, deadline, support::ms(1_850), later).await;
+    } = kill_first_runner(
+        &mut instances,
+        &mut rx,
+        deadline,
+        support::ms(1_850),
+        (later, |_| {}),
+    )
+    .await;
     let ends: Vec<u64> = (events.iter())
         .filter(|e| e.what == "end")
         .map(|e| e.tick)
@@ -474,54 +489,39 @@ async fn a_late_run_cut_short_by_a_stopped_server_is_reported() {
     let mut instances: Vec<Child> = (0..2).map(|_| start_with(&redis, &tx, &args)).collect();
     drop(tx);
     let deadline = tokio::time::Instant::now() + LIMIT;
-    let (mut events, mut logs) = (Vec::new(), Vec::new());
-    let mut victim: Option<(u32, u64)> = None;
-    let (mut killed, mut paused, mut resumed) = (false, false, false);
-    loop {
-        let now = now_us();
-        if let Some((pid, tick)) = victim {
-            let t0 = u128::from(tick) * 1000;
-            if !killed && now >= t0 + 1_200_000 {
-                let child = instances.iter_mut().find(|c| c.id() == Some(pid));
-                child.expect("the runner").start_kill().expect("SIGKILL");
-                killed = true;
-            }
-            if !paused && now >= t0 + 2_600_000 {
-                redis.pause().expect("SIGSTOP redis-server");
-                paused = true;
-            }
-            if paused && !resumed && now >= t0 + 4_600_000 {
-                redis.resume().expect("SIGCONT redis-server");
-                resumed = true;
-            }
-            // Time for the survivor to look at the tick again.
-            if resumed
-                && events
-                    .iter()
-                    .any(|e: &Event| e.what == "end" && e.tick >= tick + 8_000)
-            {
-                break;
-            }
+    let (paused, resumed) = (std::cell::Cell::new(false), std::cell::Cell::new(false));
+    // The server stopped 2.6-4.6 s into the tick, while the late run holds its lock.
+    let stop_server = |since_us: u128| {
+        if !paused.get() && since_us >= 2_600_000 {
+            redis.pause().expect("SIGSTOP redis-server");
+            paused.set(true);
         }
-        match tokio::time::timeout(Duration::from_millis(20), rx.recv()).await {
-            Ok(Some((_, line))) if line.starts_with("log") => logs.push(line),
-            Ok(Some((pid, line))) => {
-                if let Some(e) = parse(pid, &line) {
-                    if e.what == "start" && victim.is_none() {
-                        victim = Some((pid, e.tick));
-                    }
-                    events.push(e);
-                }
-            }
-            Ok(None) => panic!("the instances are gone"),
-            Err(_) => {}
+        if paused.get() && !resumed.get() && since_us >= 4_600_000 {
+            redis.resume().expect("SIGCONT redis-server");
+            resumed.set(true);
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "did not finish in time"
-        );
-    }
-    let (victim, tick) = victim.expect("a runner");
+    };
+    // Time for the survivor to look at the tick again.
+    let looked_again = |tick: u64, events: &[Event]| {
+        resumed.get()
+            && events
+                .iter()
+                .any(|e| e.what == "end" && e.tick >= tick + 8_000)
+    };
+    let Killed {
+        victim,
+        tick,
+        events,
+        logs,
+        ..
+    } = kill_first_runner(
+        &mut instances,
+        &mut rx,
+        deadline,
+        support::ms(1_200),
+        (looked_again, stop_server),
+    )
+    .await;
     let ran = events.iter().any(|e| e.what == "end" && e.tick == tick);
     let not_run = logs.iter().any(|l| {
         l.contains(&format!("tick={tick}"))

@@ -492,14 +492,14 @@ async fn claim_tick(
     let mut late = false;
     // When the holder's lease ends, as last seen (Unix ms): a later one means it renewed.
     let mut expiry: Option<u128> = None;
-    // A finished run's mark lives at least this long past the tick's end.
-    let marked_until = marked_until(start, tick_ms);
+    // Until then a finished run's mark is still on the claim.
+    let mark_ends = marked_until(start, tick_ms);
     for _ in 0..MAX_CLAIM_ROUNDS {
         match locker.acquire(key, opts.wait(ms_until(until))).await {
             // Taken after a finished run's mark may have expired (this process was stopped,
             // or its clock lags by more than the mark is kept): whether the tick ran is not
             // known any more, so it is not run here.
-            Ok(guard) if now_ms() >= marked_until => {
+            Ok(guard) if now_ms() >= mark_ends => {
                 let _ = guard.release().await;
                 return Ok(Claim::TooLate);
             }

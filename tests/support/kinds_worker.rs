@@ -284,10 +284,10 @@ async fn job(locker: Locker, ev: Log, dies: Option<(tokio::time::Instant, u64)>)
 /// Two workers of the generator, near the end of every other semaphore turn of the key that
 /// changes kind (`first`: 0 or 1, which of them), until the run ends: a permit on a long
 /// lease, and beside it one on a short fixed lease; the long one is released at once, the
-/// short one never (recorded
-/// `S … leaked`, as a holder that died would leave it): it runs out on the server after the
-/// turn's last permits were released, and the kind record must not outlive it (rule 6: until
-/// the long lease would have ended, callers of other kinds would be refused).
+/// short one never (recorded `S … leaked`, as a holder that died would leave it): it runs out
+/// on the server after the turn's last permits were released, and the kind record must not
+/// outlive it (rule 6: until the long lease would have ended, callers of other kinds would be
+/// refused).
 async fn leave_shares(locker: Locker, ev: Log, first: u64, end: tokio::time::Instant) {
     let turn = 4 * 1_200_000_000;
     let mut at = (mono_ns() / turn + 1 + first) * turn + 900_000_000;
@@ -325,7 +325,7 @@ async fn leave_a_share(locker: &Locker, ev: &Log) -> Option<lockrt::LockGuard> {
         .acquire(SHIFT_KEY, sem.ttl(ms(300)).watchdog(false))
         .await;
     let taken = mono_ns();
-    let last = mono_ns();
+    let last = taken;
     let outcome = match long.release().await {
         Ok(()) => "ok",
         Err(_) => "error",
@@ -692,10 +692,9 @@ impl Caller {
 
     /// One use of the hot key or of the key that changes kind, with a guard; recorded as `S
     /// <pid> <key> <kind> <start ns> <end ns> <ttl ms> <outcome> <first ns> <last ns> <fence>
-    /// <wait ms>`
-    /// (`support::mix`): `first` and `last` are the moments the body found its lease not lost
-    /// (0: never), `outcome` what the caller was told: `ok` (held to the end and released),
-    /// `busy`, `conflict` (`KindConflict`), `timeout`, `lost`, `error`, `shutdown`, `cancelled`.
+    /// <wait ms>` (`support::mix`): `first` and `last` are the moments the body found its
+    /// lease not lost (0: never), `outcome` what the caller was told: `ok` (held to the end
+    /// and released), `busy`, `conflict` (`KindConflict`), `timeout`, `lost`, `error`, `shutdown`, `cancelled`.
     async fn plain(&mut self, tally: &mut Tally) {
         let Some(ev) = self.events.clone() else {
             return;
@@ -735,8 +734,8 @@ impl Caller {
         let at_once = rng.chance(20);
         let cancel = (self.cancel && rng.chance(15)).then(|| rng.ms(0, 800));
         let opts = kind.options().ttl(ttl).wait(wait).watchdog(!fixed);
-        let (began, first, last, fence) = Default::default();
-        let stamps: [&AtomicU64; 4] = [&began, &first, &last, &fence];
+        // When the body began, first and last found its lease not lost; its fence.
+        let stamps: [AtomicU64; 4] = Default::default();
         let op = async {
             let g = match at_once {
                 true => match self.locker.try_acquire(key, opts).await? {
@@ -760,7 +759,7 @@ impl Caller {
         let bound = cancel.unwrap_or(wait + ttl * 4 + work + Duration::from_secs(5));
         let res = tokio::time::timeout(bound, op).await;
         let done = mono_ns();
-        let [began, first, last, fence] = stamps.map(|a| a.load(Ordering::SeqCst));
+        let [began, first, last, fence] = stamps.each_ref().map(|a| a.load(Ordering::SeqCst));
         let outcome = match &res {
             Ok(Ok(true)) if last != 0 => "ok",
             Ok(Ok(true)) => "lost",

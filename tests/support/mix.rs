@@ -24,11 +24,10 @@
 //! - `O <pid> <fence> <start ns> <end ns> <kind> <flags>`: what a section combined, for the
 //!   pair counts (kind, options, nesting, cancellation, local hand-off).
 //! - `S <pid> <key> <kind> <start ns> <end ns> <ttl ms> <outcome> <first ns> <last ns> <fence>
-//!   <wait ms>`:
-//!   a call on the hot key (local hand-off chains) or on the key that changes kind. Sections
-//!   held to the end and released with proof (`ok`; `first`, `last`: when the body found its
-//!   lease not lost) never overlap a holder of another kind, more than n permit holders or,
-//!   exclusive, each other, and their fences follow their order. A `conflict`
+//!   <wait ms>`: a call on the hot key (local hand-off chains) or on the key that changes
+//!   kind. Sections held to the end and released with proof (`ok`; `first`, `last`: when the
+//!   body found its lease not lost) never overlap a holder of another kind, more than n
+//!   permit holders or, exclusive, each other, and their fences follow their order. A `conflict`
 //!   (`KindConflict`) is justified by a call of the other kind (a semaphore against a lock or
 //!   read-write lock) that held or waited at the time: from its start to its end, plus, when it
 //!   did not end released (lost, cancelled, timed out), what it may have left on the server
@@ -635,41 +634,37 @@ fn plain_exclusion(plain: &[Plain], r: &mut Report) {
 }
 
 /// Every `KindConflict` needs a call of the other kind that held or waited at the time. What
-/// a call may leave behind on the server after it returned: nothing once released or refused;
-/// a lease told lost, until its ttl; one that timed out, was cancelled or failed, its clean-up
-/// (a release, leaving the queue) a moment later, but with its worker or the server disturbed
-/// its lease, its queue registration (2 s, if it waited) and a request held up in the network
-/// (the schedule holds them up to 0.9 s) that lands later.
+/// a call may leave behind on the server after it returned (`None`: it never held nor waited:
+/// refused, found busy at once with no queue place, refused before sending): nothing once
+/// released; a lease told lost, until its ttl; one that timed out, was cancelled or failed, its
+/// clean-up (a release, leaving the queue) a moment later, but with its worker or the server
+/// disturbed its lease, its queue registration (2 s, if it waited) and a request held up in the
+/// network (the schedule holds them up to 0.9 s) that lands later.
 fn plain_conflicts(plain: &[Plain], stalls: &[Stall], faults: &[Disturbed], r: &mut Report) {
     const SLACK_NS: u64 = 50_000_000;
     const SECOND: u64 = 1_000_000_000;
     let left_behind = |p: &Plain| match p.outcome.as_str() {
-        "ok" | "busy" | "conflict" => SLACK_NS,
+        "conflict" | "busy" => None,
         // Refused at once after its locker's `shutdown()`: it sent nothing.
-        "shutdown" if p.end - p.start < 5_000_000 => SLACK_NS,
+        "shutdown" if p.end - p.start < 5_000_000 => None,
+        "ok" => Some(SLACK_NS),
         // Never released: the lease runs out within its ttl of the grant (before `end`).
-        "lost" | "leaked" => p.ttl_ns + SLACK_NS,
-        _ if !disturbed(p.pid, p.start, p.end + SECOND, stalls, faults) => 4 * SLACK_NS,
-        _ if p.wait_ns == 0 => p.ttl_ns + SECOND,
-        _ => p.ttl_ns.max(2 * SECOND) + SECOND,
+        "lost" | "leaked" => Some(p.ttl_ns + SLACK_NS),
+        _ if !disturbed(p.pid, p.start, p.end + SECOND, stalls, faults) => {
+            // `wait = 0`: found busy at once, no queue place.
+            (p.outcome != "timeout" || p.wait_ns > 0).then_some(4 * SLACK_NS)
+        }
+        _ if p.wait_ns == 0 => Some(p.ttl_ns + SECOND),
+        _ => Some(p.ttl_ns.max(2 * SECOND) + SECOND),
     };
     let permits = |k: Kind| matches!(k, Kind::Permits(_));
-    // Whether a call may have held or waited on the server at all: not one refused, found
-    // busy at once (no queue place: a `try_acquire`, `wait = 0`) or refused before sending.
-    let live = |p: &Plain| match p.outcome.as_str() {
-        "conflict" | "busy" => false,
-        "shutdown" => p.end - p.start >= 5_000_000,
-        "timeout" if p.wait_ns == 0 => disturbed(p.pid, p.start, p.end + SECOND, stalls, faults),
-        _ => true,
-    };
     for x in plain.iter().filter(|p| p.outcome == "conflict") {
         r.conflicts += 1;
         let justified = plain.iter().any(|c| {
             c.key == x.key
                 && permits(c.kind) != permits(x.kind)
-                && live(c)
                 && c.start <= x.end
-                && c.end + left_behind(c) >= x.start
+                && left_behind(c).is_some_and(|left| c.end + left >= x.start)
         });
         if !justified {
             r.conflicts_unjustified.push(format!(

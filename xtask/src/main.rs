@@ -78,15 +78,7 @@ fn test(args: &[String]) -> Result<(), String> {
     let (solo, paired): (Vec<_>, Vec<_>) = binaries.into_iter().partition(|b| b.solo());
     let mut failed = run_all(paired, 2);
     failed.extend(run_all(solo, 1));
-    eprintln!(
-        "xtask test: {} in {:.0} s",
-        if failed.is_empty() {
-            "passed"
-        } else {
-            "FAILED"
-        },
-        start.elapsed().as_secs_f64()
-    );
+    report("test", failed.is_empty(), start);
     if failed.is_empty() {
         Ok(())
     } else {
@@ -121,7 +113,7 @@ impl TestBinary {
 /// Builds every test target (what `cargo test --workspace` builds) and lists the binaries,
 /// from cargo's JSON messages.
 fn test_binaries() -> Result<Vec<TestBinary>, String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = cargo_program();
     let out = Command::new(&cargo)
         .args(["test", "--workspace", "--no-run"])
         .arg("--message-format=json-render-diagnostics")
@@ -219,12 +211,22 @@ fn chaos(args: &[String]) -> Result<(), String> {
         .to_vec();
     harness.extend(chaos_filter(args));
     let result = cargo(&["test", "--workspace", "--tests", "--"], &harness);
+    report("chaos", result.is_ok(), start);
+    result
+}
+
+/// The closing line of `test` and `chaos`: how it went, and how long it took.
+fn report(what: &str, passed: bool, start: Instant) {
+    let how = if passed { "passed" } else { "FAILED" };
     eprintln!(
-        "xtask chaos: {} in {:.0} s",
-        if result.is_ok() { "passed" } else { "FAILED" },
+        "xtask {what}: {how} in {:.0} s",
         start.elapsed().as_secs_f64()
     );
-    result
+}
+
+/// The cargo that runs this xtask (`CARGO`), else the one on `PATH`.
+fn cargo_program() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
 /// Harness arguments for `chaos`: the caller's, with the name filter `chaos` unless they
@@ -247,7 +249,7 @@ fn chaos_filter(args: &[String]) -> Vec<String> {
 }
 
 fn cargo(base: &[&str], extra: &[String]) -> Result<(), String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = cargo_program();
     let status = Command::new(&cargo)
         .args(base)
         .args(extra)
