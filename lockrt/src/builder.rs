@@ -55,6 +55,8 @@ pub struct LockerBuilder {
     /// The masters' credentials under Sentinel (`sentinel_master_auth`).
     master_auth: Option<Auth>,
     local_handoff: u32,
+    /// Build on a server whose `maxmemory-policy` may evict a held lock (`allow_eviction`).
+    allow_eviction: bool,
     /// What the error says when no server was given (`from_env` names its variables).
     missing_url: Option<&'static str>,
 }
@@ -69,6 +71,7 @@ impl fmt::Debug for LockerBuilder {
             .field("default_max_hold", &self.default_max_hold)
             .field("safety_margin", &self.safety_margin)
             .field("local_handoff", &self.local_handoff)
+            .field("allow_eviction", &self.allow_eviction)
             .finish_non_exhaustive()
     }
 }
@@ -90,6 +93,7 @@ impl Default for LockerBuilder {
             service_name: None,
             master_auth: None,
             local_handoff: DEFAULT_LOCAL_HANDOFF,
+            allow_eviction: false,
             missing_url: None,
         }
     }
@@ -353,6 +357,40 @@ impl LockerBuilder {
         self
     }
 
+    /// Build on a server whose `maxmemory-policy` may evict keys (default `false`: such a
+    /// server is refused).
+    ///
+    /// A held lock is a key with a TTL, and under memory pressure every policy but
+    /// `noeviction` may delete it: the `allkeys-*` policies any key, the `volatile-*` ones
+    /// any key with a TTL, which every held lock has. The holder goes on, unaware until its
+    /// next renewal, while another owner takes the lock: two holders at once. So
+    /// [`build`](Self::build) reads the policy with `INFO memory` (of the server, of the
+    /// master the Sentinels name, or of every master of a Cluster) and fails with an error
+    /// naming the server and the policy unless it is `noeviction` (a policy name it does not
+    /// know counts as evicting). The fix is `maxmemory-policy noeviction` on the servers;
+    /// `allow_eviction(true)` accepts the risk instead, and the build then logs one WARN
+    /// naming the policy. A server that refuses `INFO` or does not report the policy (some
+    /// proxies, an ACL user without `+info`) is not refused for it: the build logs at INFO
+    /// that the policy was not checked.
+    ///
+    /// The policy is read once, at build: a later `CONFIG SET`, a Cluster master added or a
+    /// replica promoted after the build is not checked.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockrt::LockError> {
+    /// // A cache server with `maxmemory-policy allkeys-lru`; fences guard the data.
+    /// let locker = lockrt::Locker::builder()
+    ///     .url("redis://cache.internal:6379/")
+    ///     .allow_eviction(true)
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locker; Ok(()) }
+    /// ```
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
+        self
+    }
+
     /// This locker's owner record text (`crate::inspect::owner_text`).
     fn owner(&self, settings: &Settings) -> String {
         crate::owner::owner_text(self.service_name.as_deref(), settings.instance_id)
@@ -430,7 +468,9 @@ impl LockerBuilder {
 
     /// Connects to Redis. Fails within about the connect and response timeouts when the
     /// server is unreachable, with an error naming its address (never its password), and
-    /// refuses servers older than Redis 5.0.
+    /// refuses servers older than Redis 5.0 and, unless
+    /// [`allow_eviction`](Self::allow_eviction), servers whose `maxmemory-policy` may evict
+    /// a held lock (both with a permanent [`LockError::Backend`]).
     pub async fn build(self) -> Result<Locker, LockError> {
         let settings = self.settings()?;
         let topology = self.topology()?;
@@ -445,6 +485,7 @@ impl LockerBuilder {
             owner: self.owner(&settings),
         })
         .await?;
+        backend.check_eviction(self.allow_eviction).await?;
         Ok(Locker::from_parts(settings, Backend::Redis(backend)))
     }
 }
