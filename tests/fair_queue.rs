@@ -150,8 +150,7 @@ async fn a_dead_waiter_blocks_the_lock_only_for_its_short_grant_lease() {
     let mut conn = fx.conn().await;
     let g = a.acquire("dead", opts()).await.unwrap();
     // A waiter of a process that has crashed: registered, never coming back.
-    let now: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-    let now_ms = now.0 * 1000 + now.1 / 1000;
+    let now_ms = support::wall_ms();
     let ghost = "deadbeefdeadbeefdeadbeefdeadbeef";
     let () = conn.zadd("{lock:dead}:q", ghost, 1).await.unwrap();
     let () = conn
@@ -225,8 +224,7 @@ mod queue_dead_registrations {
 
     /// Registrations of waiters that died before `n` live ones arrived: queued first, lapsed.
     async fn dead_registrations(conn: &mut redis::aio::MultiplexedConnection, key: &str, n: usize) {
-        let now: (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
-        let lapsed_ms = now.0 * 1000 - 10_000;
+        let lapsed_ms = support::wall_ms() - 10_000;
         let mut pipe = redis::pipe();
         for i in 0..n {
             let token = format!("{i:032x}");

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 /// The rules `ACL_HINT` documents (lockrt/src/backend/redis/diagnose.rs), for the default prefix.
 const RULES: &str = "~lock:* ~{lock:* &{lock:* +evalsha +eval +subscribe +unsubscribe +ping \
-                     +hello +wait +role +get +set +del +exists +incr +pexpire +pttl +time \
+                     +hello +wait +role +get +set +del +exists +incr +pexpire +pttl \
                      +hget +hset +hdel +zadd +zrange +zrem +zscore +publish";
 
 /// Every log line of this test binary, at every level.
@@ -226,13 +226,13 @@ async fn password_appears_in_no_error_debug_or_log() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_user_without_a_command_the_scripts_run_gets_the_rules() {
-    let password = "pw-notime-2468";
-    let (text, err) = missing_rule("+time", password).await;
+    let password = "pw-noget-2468";
+    let (text, err) = missing_rule("+get", password).await;
     figure(
         "acl_user_without_a_command_the_scripts_run_gets_the_rules",
-        format!("without `+time` (run inside the scripts): {text}"),
+        format!("without `+get` (run inside the scripts): {text}"),
     );
-    assert_refused(&text, &err, &["+time", "~{lock:*"], password);
+    assert_refused(&text, &err, &["+get", "~{lock:*"], password);
 }
 
 /// With `sync_replicas`, a user without `+wait`: the acquire script runs, `WAIT` is refused.

@@ -30,13 +30,76 @@ fn assert_gone(pids: &[u32]) {
     }
 }
 
-fn con(url: &str) -> redis::Connection {
+/// A connection that opens again and resends a command whose reply was cut off by `EINTR`: a
+/// socket read with a timeout is not restarted after a signal (signal(7)), which this
+/// process's own child processes can cause. Each command is sent at most three times; the
+/// commands here (`SET`, `GET`, `WAIT`, `INFO`, `CLUSTER`) may be sent again.
+struct Con {
+    url: String,
+    inner: redis::Connection,
+}
+
+fn con(url: &str) -> Con {
+    Con {
+        url: url.to_owned(),
+        inner: open(url),
+    }
+}
+
+fn open(url: &str) -> redis::Connection {
     let client = redis::Client::open(url).unwrap();
     let con = client
         .get_connection_with_timeout(Duration::from_secs(2))
         .unwrap();
     con.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     con
+}
+
+fn interrupted(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Io
+        && std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted)
+        || e.to_string().contains("Interrupted system call")
+}
+
+impl redis::ConnectionLike for Con {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<redis::Value> {
+        for _ in 0..2 {
+            match self.inner.req_packed_command(cmd) {
+                Err(e) if interrupted(&e) => self.inner = open(&self.url),
+                other => return other,
+            }
+        }
+        self.inner.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        for _ in 0..2 {
+            match self.inner.req_packed_commands(cmd, offset, count) {
+                Err(e) if interrupted(&e) => self.inner = open(&self.url),
+                other => return other,
+            }
+        }
+        self.inner.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.inner.check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        self.inner.is_open()
+    }
 }
 
 fn figure(what: &str, took: Duration) {

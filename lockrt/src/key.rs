@@ -93,6 +93,12 @@ impl LockKey {
         Aux::new(&self.tag, ":si")
     }
 
+    /// `{lock}:now`: the scratch key every script call reads the server's clock through
+    /// (set and deleted within the call; see lock.lua's `now_ms`).
+    pub(crate) fn now(&self) -> Aux<'_> {
+        Aux::new(&self.tag, ":now")
+    }
+
     /// `{lock}:done:<token>`: proof that `token`'s own release happened (release.lua).
     pub(crate) fn done(&self, token: &str) -> String {
         format!("{}:done:{token}", self.tag)

@@ -117,6 +117,13 @@ pub fn opts() -> LockOptions {
     LockOptions::new()
 }
 
+/// This host's clock in ms since the Unix epoch: the test servers' clock too (they run here),
+/// read without `TIME`, which a suite may run with refused (`REDIS_SERVER_ARGS`).
+pub fn wall_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
+}
+
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }

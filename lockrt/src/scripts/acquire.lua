@@ -1,4 +1,4 @@
--- (lock.lua comes first: `rid`, `now_us`, `now_ms`, `owns`, `take_lock`, the queue and the
+-- (lock.lua comes first: `rid`, `now_ms`, `owns`, `take_lock`, the queue and the
 -- shared holders.)
 -- Takes lock KEYS[1] (the exclusive lock, which is also the write lock of a read-write lock)
 -- for owner token ARGV[2] (32 hex chars) with a lease of ARGV[3] ms.

@@ -2,16 +2,37 @@
 -- Every script takes a request id in ARGV[1] and returns it as the first element of its reply,
 -- so a client can tell a reply that belongs to another request (a dropped or shifted reply on a
 -- pipelined connection) from its own.
+-- ARGV[1] is "<request id>:<client µs>": the client's clock (µs since the Unix epoch) as it
+-- sent the request. The whole text is echoed.
 local rid = ARGV[1]
 
--- The server time, read at most once per script call and only by the branches that need it.
+-- No script calls TIME (refused to scripts by some managed services). Two clocks instead:
+-- - the server's, for what a server-side deadline decides (shared holders' leases, waiters'
+--   registrations, a grant's delay): read once per call through expiry arithmetic on the
+--   scratch key `{tag}:now`, passed as the last key of the calls that need it and taken off
+--   KEYS here (renewals do not pass it: a key that does not exist in a slot being migrated
+--   would make the whole call TRYAGAIN; they read the clock off the shared holders' records,
+--   see `anchored_ms`);
+-- - the client's, for what only needs to move forward (the fence clock, see `fence_clock`)
+--   or is shown (acquired-at times).
+local now_key = #KEYS > 0 and string.sub(KEYS[#KEYS], -5) == '}:now' and table.remove(KEYS)
+local FAR_MS = 4102444800000 -- 2100-01-01: PXAT this, then PTTL, is the server's time
+
 local clock
-local function now_us()
-  if not clock then clock = redis.call('TIME') end
-  return tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-end
 local function now_ms()
-  return math.floor(now_us() / 1000)
+  if not clock then
+    redis.call('SET', now_key, '1', 'PXAT', FAR_MS)
+    clock = FAR_MS - redis.call('PTTL', now_key)
+    redis.call('DEL', now_key)
+  end
+  return clock
+end
+
+local function client_us()
+  return tonumber(string.match(rid, ':(%d+)$')) or 0
+end
+local function client_ms()
+  return math.floor(client_us() / 1000)
 end
 
 -- Whether lock value `cur` ("<token>:<fence>", or false for no key) belongs to owner `token`.
@@ -33,77 +54,84 @@ local function owner_text(owner)
   return string.sub(owner, 1, 256)
 end
 
--- The fence clock: the server time in units of 10 µs since 2020-01-01. Times 32 (the local
+-- The fence clock: the client's time in units of 10 µs since 2020-01-01. Times 32 (the local
 -- hand-off places, see FENCES_PER_COUNT), every fence stays below 2^53, exact in a double
 -- (Lua, JavaScript, JSON parsers) until about 2109.
 local FENCE_EPOCH_US = 1577836800000000
 local function fence_clock()
-  return math.floor((now_us() - FENCE_EPOCH_US) / 10)
+  return math.floor((client_us() - FENCE_EPOCH_US) / 10)
 end
 
 -- The next fence from counter KEYS[2], and its decimal text: max(counter + 1, fence clock).
--- A new counter starts at the clock, above every fence an expired one issued: that one was at
--- most the clock of its last acquisition plus the acquisitions that came faster than one per
--- 10 µs. The counter's lifetime is one rule for every script: `retention` ms from its
--- creation, and never less than twice the lease, so it outlives the lock it fences.
+-- The counter lives `retention` ms (and never less than twice the lease, so it outlives the
+-- lock it fences) from the latest acquisition. A new counter starts at the acquirer's clock,
+-- above every fence the expired one issued as long as no two clients' clocks differ by more
+-- than that lifetime: its last fence was at most the clock of the last acquirer plus the
+-- acquisitions that came faster than one per 10 µs, one lifetime or more ago. A counter that
+-- is not a number (someone else wrote it) starts again the same way.
 -- `K`: the keys of the lock (KEYS unless given, see acquire_all.lua).
 local function next_fence(lease, retention, K)
   K = K or KEYS
-  local fence = redis.call('INCR', K[2])
-  local clock = fence_clock()
-  if fence == 1 then
-    fence = clock
-    local life = math.max(tonumber(retention), 2 * tonumber(lease))
-    redis.call('SET', K[2], string.format('%.0f', fence), 'PX', string.format('%.0f', life))
-  elseif fence < clock then
-    -- Raised to the clock with the counter's expiry kept (SET's KEEPTTL needs Redis 6; the
-    -- commands are those an ACL user already has).
-    fence = clock
-    local left = redis.call('PTTL', K[2])
-    if left > 0 then
-      redis.call('SET', K[2], string.format('%.0f', fence), 'PX', left)
-    else
-      redis.call('SET', K[2], string.format('%.0f', fence))
-    end
-  end
+  local last = tonumber(redis.call('GET', K[2])) or 0
+  local fence = math.max(last + 1, fence_clock())
+  local life = math.max(tonumber(retention), 2 * tonumber(lease))
   -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
-  return fence, string.format('%.0f', fence)
+  local text = string.format('%.0f', fence)
+  redis.call('SET', K[2], text, 'PX', string.format('%.0f', life))
+  return fence, text
 end
 
 -- Gives lock KEYS[1] to `holder` for `lease` ms with the next fence (see `next_fence`);
 -- returns the fence and its decimal text.
 --
 -- KEYS[5] (`{lock}:owner`) gets the holder's identity beside the lock with the same PTTL:
--- "<acquired-at server ms>|<owner>", where `owner` is the client's text (see `owner_text`).
+-- "<acquired-at client ms>|<owner>", where `owner` is the client's text (see `owner_text`).
 local function take_lock(holder, lease, retention, owner, K)
   K = K or KEYS
   local fence, text = next_fence(lease, retention, K)
   redis.call('SET', K[1], holder .. ':' .. text, 'PX', lease)
-  redis.call('SET', K[5], string.format('%.0f', now_ms()) .. '|' .. owner_text(owner), 'PX', lease)
+  redis.call('SET', K[5], string.format('%.0f', client_ms()) .. '|' .. owner_text(owner), 'PX', lease)
   return fence, text
 end
 
 -- Shared holders (readers, or the holders of a semaphore's permits). KEYS[6]: zset token ->
 -- lease expiry (server ms); a holder is live while its expiry is in the future. KEYS[7]: hash,
--- field 'kind' ('r' readers, 's<n>' a semaphore of n permits) and per holder
--- token -> "<fence>|<acquired-at ms>|<owner>". Both live at least as long as every lease in
--- them (`keep_shared` only ever extends them) and go when the last holder goes. `S`, `SI`:
--- those two keys (KEYS[6], KEYS[7] unless given, see renew.lua).
-local function keep_shared(lease, S, SI)
-  for _, k in ipairs({S or KEYS[6], SI or KEYS[7]}) do
-    if redis.call('PTTL', k) < tonumber(lease) then redis.call('PEXPIRE', k, lease) end
+-- field 'kind' ('r' readers, 's<n>' a semaphore of n permits), per holder
+-- token -> "<fence>|<acquired-at ms>|<owner>", and '#': the absolute expiry (server ms) both
+-- keys were given, so that the server's time is that minus the hash's PTTL (`anchored_ms`).
+-- Both live at least as long as every lease in them (`keep_shared` only ever extends them) and
+-- go when the last holder goes. `S`, `SI`: those two keys (KEYS[6], KEYS[7] unless given, see
+-- renew.lua); `now`: the server's time.
+local function keep_shared(lease, now, S, SI)
+  S, SI = S or KEYS[6], SI or KEYS[7]
+  local want = now + tonumber(lease)
+  local at = tonumber(redis.call('HGET', SI, '#'))
+  if not at or at < want or redis.call('PTTL', SI) < 0 then
+    local text = string.format('%.0f', want)
+    redis.call('HSET', SI, '#', text)
+    redis.call('PEXPIREAT', SI, text)
+    redis.call('PEXPIREAT', S, text)
   end
 end
 
--- Extends holder `t`'s share to `lease` ms from now if it is still live (its expiry in the
--- future): whether it was. `S`, `SI` as in `keep_shared`. Read with pcall: a key someone
--- overwrote with another type is "not held" for this share only.
-local function extend_share(t, lease, S, SI)
+-- The server's time read off shared records `SI` (see `keep_shared`), nil when they have no
+-- anchor (gone, or written by someone else).
+local function anchored_ms(SI)
+  local at = tonumber(redis.pcall('HGET', SI, '#'))
+  local left = redis.pcall('PTTL', SI)
+  if not at or type(left) ~= 'number' or left < 0 then return nil end
+  return at - left
+end
+
+-- Extends holder `t`'s share to `lease` ms from `now` (the server's time) if it is still live
+-- (its expiry in the future): whether it was. `S`, `SI` as in `keep_shared`. Read with pcall:
+-- a key someone overwrote with another type is "not held" for this share only.
+local function extend_share(t, lease, now, S, SI)
   S = S or KEYS[6]
   local expiry = redis.pcall('ZSCORE', S, t)
-  if type(expiry) ~= 'string' or tonumber(expiry) <= now_ms() then return false end
-  redis.call('ZADD', S, 'XX', string.format('%.0f', now_ms() + tonumber(lease)), t)
-  keep_shared(lease, S, SI)
+  if type(expiry) ~= 'string' or tonumber(expiry) <= now then return false end
+  redis.call('ZADD', S, 'XX', string.format('%.0f', now + tonumber(lease)), t)
+  keep_shared(lease, now, S, SI)
   return true
 end
 
@@ -134,10 +162,10 @@ end
 -- fence and its text.
 local function take_shared(holder, lease, retention, owner, kind)
   local fence, text = next_fence(lease, retention)
-  local now = string.format('%.0f', now_ms())
+  local now = string.format('%.0f', client_ms())
   redis.call('ZADD', KEYS[6], string.format('%.0f', now_ms() + tonumber(lease)), holder)
   redis.call('HSET', KEYS[7], 'kind', kind, holder, text .. '|' .. now .. '|' .. owner_text(owner))
-  keep_shared(lease)
+  keep_shared(lease, now_ms())
   return fence, text
 end
 
@@ -147,7 +175,7 @@ local function counter()
 end
 
 -- The waiter queue: KEYS[3] zset token -> arrival, KEYS[4] hash token ->
--- "<registration expiry ms>:<grant lease ms>:<attempt µs>", "o:<token>" its identity,
+-- "<registration expiry ms>:<grant lease ms>:<attempt ms>" (server ms), "o:<token>" its identity,
 -- "k:<token>" what it asked for: 'r' a read share, 's<n>' a permit of a semaphore of n (absent:
 -- the lock, or its write side).
 -- Queues the caller (ARGV[2]) or refreshes its place, for ARGV[5] ms (0: does not queue); the
@@ -157,9 +185,11 @@ local function enqueue()
   local token, reg = ARGV[2], tonumber(ARGV[5])
   if reg <= 0 then return end
   if not redis.call('ZSCORE', KEYS[3], token) then
-    redis.call('ZADD', KEYS[3], now_us(), token)
+    -- Arrival order without a clock: one after the last one queued.
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, token)
   end
-  local expiry, at = string.format('%.0f', now_ms() + reg), string.format('%.0f', now_us())
+  local expiry, at = string.format('%.0f', now_ms() + reg), string.format('%.0f', now_ms())
   redis.call('HSET', KEYS[4], token, expiry .. ':' .. ARGV[6] .. ':' .. at,
     'o:' .. token, owner_text(ARGV[7]))
   if ARGV[8] then redis.call('HSET', KEYS[4], 'k:' .. token, ARGV[8]) end
@@ -207,7 +237,7 @@ local function not_holder(token, abandon)
   return {rid, 0}
 end
 
--- Waiter `t`'s granted lease and latest attempt (µs text, may be empty) while its registration
+-- Waiter `t`'s granted lease and latest attempt (server ms text, may be empty) while its registration
 -- is live; nil when it lapsed or is missing.
 local function registration(t)
   local info = redis.call('HGET', KEYS[4], t)
@@ -292,7 +322,9 @@ local function hand_over(channel, retention, skip, sem, room)
       end
       local msg = 'g:' .. head .. ':' .. text
       if at ~= '' then
-        msg = msg .. ':' .. string.format('%.0f', math.max(0, now_us() - tonumber(at)))
+        -- In µs, and 1 ms short: the clock is read in whole ms, and a lease must not start
+        -- later on the waiter's clock than it did here.
+        msg = msg .. ':' .. string.format('%.0f', math.max(0, now_ms() - tonumber(at) - 1) * 1000)
       end
       redis.pcall('PUBLISH', channel, msg)
       granted = granted + 1

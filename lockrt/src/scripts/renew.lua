@@ -6,7 +6,7 @@
 -- is renewed while its expiry is still in the future.
 -- ARGV[2 + 2n] (optional, a batch of one only): the check of a local hand-off, the place of
 -- the holder the lease was passed to in its process. The owner key then names that holder:
--- "<server ms>|<owner>|<place>", `owner` the first four fields of the record it had.
+-- "<client ms>|<owner>|<place>", `owner` the first four fields of the record it had.
 -- Each key is read with pcall: a key someone overwrote with another type (WRONGTYPE) is
 -- "not held" for its own lease only, and never aborts the batch.
 -- Returns {rid, r1, ..., rn}: ri = 1 renewed, 0 no longer held by that token.
@@ -15,7 +15,8 @@ local passed = n == 1 and ARGV[4]
 
 -- Shared lease i of token `t`.
 local function renew_shared(i, t, lease)
-  return extend_share(t, lease, KEYS[i], KEYS[n + i]) and 1 or 0
+  local now = anchored_ms(KEYS[n + i])
+  return now and extend_share(t, lease, now, KEYS[i], KEYS[n + i]) and 1 or 0
 end
 
 -- Exclusive lease i of token `t`.
@@ -25,7 +26,7 @@ local function renew_lock(i, t, lease)
   local rec = passed and redis.pcall('GET', KEYS[n + i])
   local who = type(rec) == 'string' and string.match(rec, '^%d+|([^|]*|[^|]*|[^|]*|[^|]*)')
   if who then
-    redis.call('SET', KEYS[n + i], string.format('%.0f', now_ms()) .. '|' .. who .. '|' .. passed,
+    redis.call('SET', KEYS[n + i], string.format('%.0f', client_ms()) .. '|' .. who .. '|' .. passed,
       'PX', lease)
   else
     redis.pcall('PEXPIRE', KEYS[n + i], lease)

@@ -21,7 +21,7 @@ local refusal = refused(want)
 if refusal then return refusal end
 
 -- Ours already: a retry whose first reply was lost, or a grant being confirmed.
-if extend_share(token, ARGV[3]) then
+if extend_share(token, ARGV[3], now_ms()) then
   local rec = redis.call('HGET', KEYS[7], token) or ''
   return {rid, 1, tonumber(string.match(rec, '^(%d+)')) or 0}
 end

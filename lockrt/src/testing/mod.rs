@@ -37,3 +37,17 @@ pub use scoped::with_default;
 pub use sentinel::RedisSentinelGroup;
 pub use server::{LocalRedis, RedisServer};
 pub use tls::{RedisTlsServer, TlsMaterial};
+
+/// Shifts the clock this process sends with every script call by `offset_ms` (negative: behind),
+/// as a host whose clock is off would: the fence clock and acquired-at times come from it (the
+/// server's own clock decides leases of shared holders and waiters' registrations). For tests of
+/// clock skew; it applies to every `Locker` of the process.
+///
+/// ```
+/// lockrt::testing::skew_clock(1_000); // one second ahead
+/// lockrt::testing::skew_clock(0);
+/// ```
+pub fn skew_clock(offset_ms: i64) {
+    let us = offset_ms.saturating_mul(1_000);
+    crate::backend::redis::CLOCK_OFFSET_US.store(us, std::sync::atomic::Ordering::Relaxed);
+}

@@ -19,6 +19,17 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Attempts at finding a port nobody else grabs between our probe and the server's bind.
 const PORT_ATTEMPTS: usize = 5;
 
+/// The arguments of `$REDIS_SERVER_ARGS` (see [`RedisServer::start`]).
+fn env_args(text: Option<&str>) -> Vec<String> {
+    let words = text.unwrap_or_default().split_whitespace();
+    words
+        .map(|w| match w {
+            "\"\"" | "''" => String::new(),
+            w => w.to_owned(),
+        })
+        .collect()
+}
+
 /// A `redis-server` child process owned by the test.
 #[derive(Debug)]
 pub struct RedisServer {
@@ -31,6 +42,11 @@ pub struct RedisServer {
 
 impl RedisServer {
     /// Starts a server on a free loopback port and waits until it answers.
+    ///
+    /// Every server the tests start as a data node (standalone, Cluster nodes, Sentinel's
+    /// master and replicas; not the sentinels) also gets the arguments in `$REDIS_SERVER_ARGS`,
+    /// split at whitespace, `""` for an empty one: `REDIS_SERVER_ARGS='--rename-command TIME ""'`
+    /// runs a suite on a server that refuses `TIME`, as some managed services do to scripts.
     ///
     /// Fails with the install command when `redis-server` is not on `PATH` (or at
     /// `$REDIS_SERVER_BIN`).
@@ -53,7 +69,8 @@ impl RedisServer {
     /// ```
     pub fn start_using(binary: impl Into<PathBuf>, args: &[&str]) -> io::Result<RedisServer> {
         let binary = binary.into();
-        let extra: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+        let mut extra: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+        extra.extend(env_args(std::env::var("REDIS_SERVER_ARGS").ok().as_deref()));
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
             let port = free_port()?;
@@ -250,5 +267,20 @@ impl LocalRedis {
     /// Whether this is a throwaway server started by [`from_env_or_start`](Self::from_env_or_start).
     pub fn is_throwaway(&self) -> bool {
         self.server.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::env_args;
+
+    #[test]
+    fn server_args_from_the_environment_keep_empty_ones() {
+        assert_eq!(
+            env_args(Some(r#"--rename-command TIME "" --maxmemory 1gb"#)),
+            ["--rename-command", "TIME", "", "--maxmemory", "1gb"]
+        );
+        assert!(env_args(None).is_empty());
+        assert!(env_args(Some("  ")).is_empty());
     }
 }

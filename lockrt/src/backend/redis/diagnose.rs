@@ -16,7 +16,7 @@ use crate::error::BackendError;
 /// Keep in step with `scripts/*.lua`; `tests/topology_acl.rs` grants exactly this.
 pub(crate) const ACL_HINT: &str = "grant the user `~lock:* ~{lock:* &{lock:* +evalsha +eval \
      +subscribe +unsubscribe +ping +hello +wait +role` and the commands the scripts run, \
-     `+get +set +del +exists +incr +pexpire +pttl +time +hget +hset +hdel +zadd +zrange +zrem \
+     `+get +set +del +exists +incr +pexpire +pttl +hget +hset +hdel +zadd +zrange +zrem \
      +zscore +publish` (with your prefix instead of `lock:`)";
 
 /// A scrubbed error for the server at `addr`; `cluster`: it came through a cluster

@@ -16,6 +16,8 @@ pub(crate) mod pubsub;
 mod revoke;
 mod scan;
 mod scripts;
+#[cfg(feature = "testing")]
+pub(crate) use scripts::CLOCK_OFFSET_US;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 pub(crate) mod settings;
@@ -142,6 +144,7 @@ impl RedisBackend {
         // Marked by the compensation of an acquisition that was given up: refused from then on.
         let done = key.done(token.as_str());
         let call = Call {
+            clock: Some(key.now()),
             nkeys: 8,
             keys: |c: &mut Cmd| {
                 lock_keys(c, key);
@@ -186,6 +189,8 @@ impl RedisBackend {
     ) -> Result<Option<Vec<u64>>, BackendError> {
         let dones: Vec<String> = locks.iter().map(|(k, t)| k.done(t.as_str())).collect();
         let call = Call {
+            // Its one path reads no server time (see acquire_all.lua).
+            clock: None,
             nkeys: 8 * locks.len(),
             keys: |c: &mut Cmd| {
                 for ((key, _), done) in locks.iter().zip(&dones) {
@@ -313,6 +318,7 @@ impl RedisBackend {
         on: Option<(Conn, u64)>,
     ) -> Result<Vec<bool>, BackendError> {
         let call = Call {
+            clock: None,
             nkeys: 2 * batch.len(),
             keys: |c: &mut Cmd| {
                 // A share's "lock" is the key's shared holders, its "owner key" their records.
@@ -406,6 +412,7 @@ impl RedisBackend {
             .filter(|_| !matches!(mode, Mode::Rollback))
             .map(|t| key.done(t.as_str()));
         let call = Call {
+            clock: Some(key.now()),
             nkeys: if done.is_some() { 8 } else { 7 },
             keys: |c: &mut Cmd| {
                 lock_keys(c, key);
@@ -478,6 +485,7 @@ impl RedisBackend {
         key: &LockKey,
     ) -> Result<Option<LockState>, BackendError> {
         let call = Call {
+            clock: Some(key.now()),
             nkeys: 7,
             keys: |c: &mut Cmd| lock_keys(c, key),
             args: |_: &mut Cmd| {},

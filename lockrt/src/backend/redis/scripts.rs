@@ -67,10 +67,13 @@ pub(crate) static FORCE: LazyLock<Lua> = LazyLock::new(|| {
     .concat())
 });
 
-/// One script call: its keys, and its arguments after the request id.
-pub(crate) struct Call<K, A> {
+/// One script call: its keys, the scratch key it reads the server's clock through (a lock's
+/// [`LockKey::now`] in the call's slot, sent as the last key; renewals have none, see
+/// lock.lua), and its arguments after the request id.
+pub(crate) struct Call<'a, K, A> {
     pub(crate) nkeys: usize,
     pub(crate) keys: K,
+    pub(crate) clock: Option<Aux<'a>>,
     pub(crate) args: A,
 }
 
@@ -96,15 +99,35 @@ fn script_cmd<K: Fn(&mut Cmd), A: Fn(&mut Cmd)>(
     verb: &str,
     script: &str,
     rid: u64,
-    call: &Call<K, A>,
+    call: &Call<'_, K, A>,
 ) -> Cmd {
     let mut cmd = redis::cmd(verb);
-    cmd.arg(script).arg(call.nkeys);
+    cmd.arg(script)
+        .arg(call.nkeys + usize::from(call.clock.is_some()));
     (call.keys)(&mut cmd);
-    cmd.arg(rid);
+    if let Some(clock) = call.clock {
+        cmd.arg(clock);
+    }
+    cmd.arg(rid_arg(rid));
     (call.args)(&mut cmd);
     cmd
 }
+
+/// A script's first argument: "<request id>:<µs since the Unix epoch on this host's clock>"
+/// (the scripts' client clock, see lock.lua).
+fn rid_arg(rid: u64) -> String {
+    let us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    #[cfg(feature = "testing")]
+    let us = us.saturating_add_signed(i128::from(CLOCK_OFFSET_US.load(Ordering::Relaxed)));
+    format!("{rid}:{us}")
+}
+
+/// What `testing::skew_clock` adds to the clock the scripts are sent.
+#[cfg(feature = "testing")]
+pub(crate) static CLOCK_OFFSET_US: std::sync::atomic::AtomicI64 =
+    std::sync::atomic::AtomicI64::new(0);
 
 /// The cluster slot of a script call's first key (all of its keys share it): where its
 /// `WAIT` must go. Arguments: verb, script, key count, then the keys.
@@ -143,7 +166,7 @@ impl Scripts {
         &self,
         script: &Lua,
         wait: bool,
-        call: Call<K, A>,
+        call: Call<'_, K, A>,
     ) -> Result<Reply, BackendError> {
         let on = self.link.conn().await?;
         self.invoke_on(on, script, wait, call).await
@@ -156,7 +179,7 @@ impl Scripts {
         (mut conn, generation): (Conn, u64),
         script: &Lua,
         wait: bool,
-        call: Call<K, A>,
+        call: Call<'_, K, A>,
     ) -> Result<Reply, BackendError> {
         let rid = NEXT_RID.fetch_add(1, Ordering::Relaxed);
         let sync = self.sync.filter(|_| wait);
@@ -254,11 +277,13 @@ impl Scripts {
     }
 }
 
+/// Whether a reply's first element echoes request `rid` (see [`rid_arg`]).
 fn is_rid(v: &Value, rid: u64) -> bool {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok() == Some(rid.to_string().as_str()),
-        _ => false,
-    }
+    let Value::BulkString(b) = v else {
+        return false;
+    };
+    let id = b.split(|&c| c == b':').next().unwrap_or_default();
+    std::str::from_utf8(id).ok() == Some(rid.to_string().as_str())
 }
 
 /// The integers of a script reply (anything else reads as 0, which every caller treats as
@@ -311,8 +336,16 @@ mod tests {
 
     #[test]
     fn request_ids_must_match() {
-        assert!(is_rid(&Value::BulkString(b"42".to_vec()), 42));
-        assert!(!is_rid(&Value::BulkString(b"41".to_vec()), 42));
+        assert!(is_rid(
+            &Value::BulkString(b"42:1764643200000000".to_vec()),
+            42
+        ));
+        assert!(is_rid(&Value::BulkString(rid_arg(42).into_bytes()), 42));
+        assert!(!is_rid(
+            &Value::BulkString(b"41:1764643200000000".to_vec()),
+            42
+        ));
+        assert!(!is_rid(&Value::BulkString(b"421:1".to_vec()), 42));
         assert!(!is_rid(&Value::Nil, 42));
     }
 
