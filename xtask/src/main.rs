@@ -1,12 +1,16 @@
 //! `cargo xtask demo` runs the flash-sale demo; `cargo xtask test` runs the whole test suite;
 //! `cargo xtask chaos` runs the slow chaos and fault cases that `test` leaves out (the tests
 //! named `chaos_*`, ignored in a normal run; RELIABILITY.md lists them with their figures).
+//! `cargo xtask matrix` runs the conformance suite on each server of the README's
+//! compatibility table, fetched at pinned versions (see `matrix.rs`).
 //! All first make sure `redis-server` is installed (with apt-get on Debian/Ubuntu, as root or
 //! through sudo), because the demo and the tests start throwaway Redis servers of their own.
 //! With `REDIS_URL` set, the demo uses that server instead and needs no local install.
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;
+
+mod matrix;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -18,6 +22,7 @@ fn main() -> ExitCode {
         "demo" => demo(rest),
         "test" => test(rest),
         "chaos" => chaos(rest),
+        "matrix" => matrix::run(rest),
         "setup" => ensure_redis_server(),
         _ => {
             eprintln!(
@@ -25,6 +30,8 @@ fn main() -> ExitCode {
                  cargo xtask test [ARGS]    run every test (ARGS go to cargo test)\n  \
                  cargo xtask chaos [ARGS]   run the slow chaos and fault tests, one at a time \
                  (ARGS go to the test harness, e.g. a narrower name filter)\n  \
+                 cargo xtask matrix [--only NAME] [--quick]   the conformance suite on each \
+                 server of the README's compatibility table (fetched, pinned, cached)\n  \
                  cargo xtask setup          install redis-server if missing (what CI runs first)"
             );
             return if cmd == "help" {
