@@ -415,14 +415,14 @@ async fn c07_every_keeps_state_per_job_not_per_tick() {
     for _ in 0..3 {
         tokio::time::sleep(ms(1_000)).await;
         let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("{lock:j7:*}:fence")
+            .arg("{lock:j7:*}:state")
             .query_async(&mut direct)
             .await
             .unwrap();
         for k in &keys {
             let slot: u64 = k
                 .strip_prefix("{lock:j7:tick:")
-                .and_then(|r| r.strip_suffix("}:fence"))
+                .and_then(|r| r.strip_suffix("}:state"))
                 .and_then(|n| n.parse().ok())
                 .unwrap_or_else(|| panic!("{k} is not a claim slot's counter"));
             assert!(slot < slots, "{k}: slot {slot} of {slots}");

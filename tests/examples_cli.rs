@@ -142,8 +142,8 @@ async fn quickstart_takes_its_locker_from_the_lockrt_variables() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let fences: Vec<String> = conn.keys("*:fence").await.unwrap();
-    assert_eq!(fences, ["{quick:stock:1}:fence"]);
+    let fences: Vec<String> = conn.keys("*:state").await.unwrap();
+    assert_eq!(fences, ["{quick:stock:1}:state"]);
 
     // An invalid value stops it with an error naming the variable.
     let vars = [

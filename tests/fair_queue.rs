@@ -191,7 +191,7 @@ async fn a_stale_grant_message_does_not_make_a_second_holder() {
     let tokens: Vec<String> = conn.zrange("{lock:stale}:q", 0, 0).await.unwrap();
     // A grant to the waiter with the current holder's fence (the counter's value when the
     // holder took it): older than what it has seen.
-    let counter: u64 = conn.get("{lock:stale}:fence").await.unwrap();
+    let counter: u64 = conn.hget("{lock:stale}:state", "n").await.unwrap();
     let stale = format!("g:{}:{counter}", tokens[0]);
     let receivers: u64 = conn.publish("{lock:stale}:rel", stale).await.unwrap();
     assert_eq!(receivers, 1);

@@ -59,13 +59,13 @@ async fn fences_keep_increasing_after_the_counter_expired_or_vanished() {
     let f1 = first.fence();
     first.release().await.unwrap();
     // The counter is kept only for a while (bounded state for idle keys)...
-    let pttl: i64 = conn.pttl("{lock:idle}:fence").await.unwrap();
+    let pttl: i64 = conn.pttl("{lock:idle}:state").await.unwrap();
     assert!(
         pttl > 0,
         "the fence counter must expire when idle (PTTL {pttl})"
     );
     support::settle(
-        async || !conn.exists::<_, bool>("{lock:idle}:fence").await.unwrap(),
+        async || !conn.exists::<_, bool>("{lock:idle}:state").await.unwrap(),
         "fence counter never expired",
     )
     .await;
@@ -74,7 +74,7 @@ async fn fences_keep_increasing_after_the_counter_expired_or_vanished() {
     assert!(f2.fence() > f1, "{} after {}", f2.fence(), f1);
     let f2v = f2.fence();
     f2.release().await.unwrap();
-    let () = conn.del("{lock:idle}:fence").await.unwrap();
+    let () = conn.del("{lock:idle}:state").await.unwrap();
     let f3 = locker.acquire("idle", opts()).await.unwrap();
     assert!(f3.fence() > f2v);
 }

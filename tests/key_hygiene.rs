@@ -55,7 +55,7 @@ async fn every_key_of_one_lock_shares_a_slot_and_braces_cannot_forge_tags() {
             !lock.contains(['{', '}']),
             "{lock} carries a brace from the user key"
         );
-        let fence = format!("{{{lock}}}:fence");
+        let fence = format!("{{{lock}}}:state");
         assert!(keys.contains(&fence), "{keys:?} lacks {fence}");
         assert_eq!(
             slot(&lock),

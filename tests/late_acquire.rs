@@ -138,7 +138,7 @@ async fn a_late_acquire_against_a_held_lock_takes_no_queue_place() {
 }
 
 mod token_once {
-    //! A token serves one acquisition only: once it released (leaving its proof `{lock}:done:<token>`)
+    //! A token serves one acquisition only: once it released (recorded in the lock's state `{lock}:state`)
     //! or its acquisition was abandoned, a request of it that lands late takes nothing, and a proof
     //! exists only for a release that really happened (a rolled-back unacknowledged acquire leaves none).
 
@@ -183,16 +183,25 @@ mod token_once {
         }
     }
 
+    /// What the locks' states record (their marks and latest releases), field by field.
     async fn done_keys(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, String)> {
         let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("*:done:*")
+            .arg("*:state")
             .query_async(conn)
             .await
             .unwrap();
         let mut out = Vec::new();
         for k in keys {
-            let v: Option<String> = redis::cmd("GET").arg(&k).query_async(conn).await.unwrap();
-            out.push((k, v.unwrap_or_default()));
+            let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+                .arg(&k)
+                .query_async(conn)
+                .await
+                .unwrap();
+            out.extend(
+                fields
+                    .into_iter()
+                    .filter(|(f, _)| f.starts_with("m:") || f == "x"),
+            );
         }
         out
     }

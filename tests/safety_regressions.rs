@@ -56,7 +56,7 @@ async fn d02_stale_grant_with_missing_counter_is_not_used() {
         .acquire("stale", opts().ttl(ms(2_000)))
         .await
         .unwrap();
-    let () = conn.del("{lock:stale}:fence").await.unwrap();
+    let () = conn.del("{lock:stale}:state").await.unwrap();
     let w = waiter.clone();
     let got = tokio::spawn(async move {
         let g = w.acquire("stale", opts().wait(ms(10_000))).await.unwrap();

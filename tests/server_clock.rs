@@ -158,10 +158,10 @@ async fn fences_increase_across_hosts_whose_clocks_differ_by_a_second() {
     }
     // The counter expires 3 s after the last acquisition, ahead by a second.
     fences.push(take(1_000).await);
-    let left: i64 = conn.pttl("{lock:skewed}:fence").await.unwrap();
+    let left: i64 = conn.pttl("{lock:skewed}:state").await.unwrap();
     assert!(left > 0 && left <= 3_000, "PTTL {left}");
     let start = tokio::time::Instant::now();
-    while conn.exists::<_, bool>("{lock:skewed}:fence").await.unwrap() {
+    while conn.exists::<_, bool>("{lock:skewed}:state").await.unwrap() {
         assert!(
             start.elapsed() < ms(5_000),
             "the fence counter never expired"

@@ -15,8 +15,9 @@ use tokio::time::Instant;
 
 /// The rules `ACL_HINT` documents (lockrt/src/backend/redis/diagnose.rs), for the default prefix.
 const RULES: &str = "~lock:* ~{lock:* &{lock:* +evalsha +eval +subscribe +unsubscribe +ping \
-                     +hello +wait +role +get +set +del +exists +incr +pexpire +pttl \
-                     +hget +hset +hdel +zadd +zrange +zrem +zscore +publish";
+                     +hello +wait +role +info +get +set +del +exists +pexpire +pexpireat +pttl \
+                     +hget +hmget +hset +hdel +hexists +hincrby +hlen +hgetall +zadd +zcard \
+                     +zrange +zrangebyscore +zrem +zscore +publish";
 
 /// Every log line of this test binary, at every level.
 static LOGS: LazyLock<LogBuf> = LazyLock::new(|| {

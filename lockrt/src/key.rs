@@ -3,7 +3,7 @@
 //! The lock itself is `prefix + key` (`lock:stock:1`), so operators find it with `redis-cli`.
 //! `{`, `}` and `%` in the user's key are percent-encoded, which gives two properties:
 //! a lock key never contains a brace, so its cluster slot is the hash of the whole name, and the
-//! auxiliary names (`{lock:stock:1}:fence`, `:rel`, `:q`, `:w`) use exactly that name as their
+//! auxiliary names (`{lock:stock:1}:state`, `:rel`, `:q`, `:w`) use exactly that name as their
 //! hash tag: same slot, and no user key can produce a name with a brace, so none can forge a tag
 //! or collide with an auxiliary name. This module must never let a raw user brace through.
 
@@ -56,9 +56,10 @@ impl LockKey {
         lock_of_tag(&self.tag)
     }
 
-    /// `{lock}:fence`: the per-key fencing counter.
-    pub(crate) fn fence(&self) -> Aux<'_> {
-        Aux::new(&self.tag, ":fence")
+    /// `{lock}:state`: the lock's fencing counter and how its latest leases ended (a hash,
+    /// one per lock; see lock.lua).
+    pub(crate) fn state(&self) -> Aux<'_> {
+        Aux::new(&self.tag, ":state")
     }
 
     /// `{lock}:rel`: the pub/sub channel hand-overs (and releases with waiters queued) go out on.
@@ -97,11 +98,6 @@ impl LockKey {
     /// (set and deleted within the call; see lock.lua's `now_ms`).
     pub(crate) fn now(&self) -> Aux<'_> {
         Aux::new(&self.tag, ":now")
-    }
-
-    /// `{lock}:done:<token>`: proof that `token`'s own release happened (release.lua).
-    pub(crate) fn done(&self, token: &str) -> String {
-        format!("{}:done:{token}", self.tag)
     }
 
     /// The prefix of the lock's name: the name without the escaped user key.
@@ -301,7 +297,7 @@ mod tests {
     fn plain_key_keeps_its_operator_visible_name() {
         let k = LockKey::new("lock:", "stock:1").unwrap();
         assert_eq!(k.lock(), "lock:stock:1");
-        assert_eq!(k.fence().to_string(), "{lock:stock:1}:fence");
+        assert_eq!(k.state().to_string(), "{lock:stock:1}:state");
         assert_eq!(k.channel().to_string(), "{lock:stock:1}:rel");
         assert_eq!(k.queue().to_string(), "{lock:stock:1}:q");
         assert_eq!(k.waiters().to_string(), "{lock:stock:1}:w");
@@ -337,7 +333,6 @@ mod tests {
         assert_eq!(LockKey::from_lock_name("app:lock:", "other:x"), None);
         let k = LockKey::new("lock:", "a{b}").unwrap();
         assert_eq!(k.owner().to_string(), "{lock:a%7Bb%7D}:owner");
-        assert_eq!(k.done("t0"), "{lock:a%7Bb%7D}:done:t0");
         let k = LockKey::new("lock:", "job").unwrap();
         assert_eq!(k.owner().to_string(), "{lock:job}:owner");
     }
@@ -347,7 +342,7 @@ mod tests {
         let k = LockKey::new("lock:", "a}:fence{x").unwrap();
         assert!(!k.lock().contains(['{', '}']));
         let other = LockKey::new("lock:", "a").unwrap();
-        assert_ne!(k.lock(), other.fence().to_string());
+        assert_ne!(k.lock(), other.state().to_string());
         // Escaping is injective: `%7B` typed by a user stays distinct from an escaped brace.
         let a = LockKey::new("lock:", "%7B").unwrap();
         let b = LockKey::new("lock:", "{").unwrap();

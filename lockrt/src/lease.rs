@@ -472,7 +472,10 @@ pub(crate) async fn end_lease(
         let keep = keep_until
             .map(|k| k.saturating_duration_since(Instant::now()))
             .filter(|d| !d.is_zero());
-        match backend.release(&info.key, &info.token, keep).await {
+        match backend
+            .release(&info.key, &info.token, info.counter, keep)
+            .await
+        {
             Err(e) if e.is_migrating() && moving.retry(&e).await => {}
             Err(e) if backoff.retry(&e).await => {}
             res => return res,

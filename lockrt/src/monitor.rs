@@ -469,7 +469,9 @@ mod tests {
         let start = Instant::now();
         let monitor = Monitor::spawn(backend.clone(), &tokio::runtime::Handle::current());
         assert!(monitor.add(info.clone(), start, ttl));
-        let tampered = backend.release(&info.key, &info.token, None).await;
+        let tampered = backend
+            .release(&info.key, &info.token, info.counter, None)
+            .await;
         assert!(
             matches!(tampered, Ok(Released::Freed)),
             "tampered from outside"

@@ -760,10 +760,7 @@ impl ServerState {
                 }
                 Some(close) => {
                     tags.insert(key[..=close].to_owned());
-                    match &key[close + 1..] {
-                        rest if rest.starts_with(":done:") => "done",
-                        rest => rest.trim_start_matches(':'),
-                    }
+                    key[close + 1..].trim_start_matches(':')
                 }
             };
             *st.by_class.entry(class.into()).or_default() += 1;
@@ -793,7 +790,7 @@ impl ServerState {
                         ));
                     }
                 }
-                "fence" | "q" | "w" | "owner" | "si" | "done" => {}
+                "state" | "q" | "w" | "owner" | "si" => {}
                 _ => st
                     .violations
                     .push(format!("{key:?}: a key of no known kind")),
@@ -801,11 +798,11 @@ impl ServerState {
         }
         st.keys = keys.len();
         st.locks = tags.len();
-        // State per lock, not per use: besides its release proofs (which expire), a lock has at
-        // most its 7 fixed keys; the job at most one claim per slot of its tick (64 ticks plus
-        // 10 minutes' worth, plus 2).
+        // State per lock, not per use: a lock has at most its 7 fixed keys (no key per release);
+        // the job at most one claim per slot of its tick (64 ticks plus 10 minutes' worth,
+        // plus 2).
         let mut per_tag: BTreeMap<&str, usize> = BTreeMap::new();
-        for key in keys.iter().filter(|k| !k.contains(":done:")) {
+        for key in &keys {
             let tag = match key.find('}').filter(|_| key.starts_with('{')) {
                 Some(close) => &key[1..close],
                 None => key.as_str(),
@@ -814,7 +811,7 @@ impl ServerState {
         }
         for (tag, n) in per_tag.iter().filter(|&(_, &n)| n > 7) {
             st.violations
-                .push(format!("{tag:?}: {n} keys besides its release proofs"));
+                .push(format!("{tag:?}: {n} keys, more than a lock's 7"));
         }
         let claims = (per_tag.keys())
             .filter(|t| t.starts_with(JOB_CLAIMS))

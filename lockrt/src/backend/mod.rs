@@ -92,15 +92,17 @@ impl Backend {
     /// Releases the lock if `token` owns it (handing it to a queued waiter, if any), and
     /// takes `token` out of the waiter queue either way. With `keep` (`min_hold`), the lock
     /// stays taken by `token` for that long instead. Success (also of a retry whose first
-    /// try's reply was lost) only when this token's own release provably happened.
+    /// try's reply was lost) only when this token's own release provably happened. `counter`:
+    /// the fencing counter's value the lease was taken with.
     pub(crate) async fn release(
         &self,
         key: &LockKey,
         token: &Token,
+        counter: u64,
         keep: Option<Duration>,
     ) -> Result<Released, BackendError> {
         match self {
-            Backend::Redis(b) => b.release(key, token, keep).await,
+            Backend::Redis(b) => b.release(key, token, counter, keep).await,
             Backend::Memory(b) => Ok(match keep {
                 Some(keep) if b.keep(key, token, keep) => Released::Freed,
                 Some(_) => Released::NotOwner,
@@ -121,7 +123,7 @@ impl Backend {
         match self {
             Backend::Redis(b) => b.abandon(key, token).await,
             // In process, nothing is ever in flight once the call has returned.
-            Backend::Memory(_) => self.release(key, token, None).await,
+            Backend::Memory(_) => self.release(key, token, 0, None).await,
         }
     }
 

@@ -2,7 +2,8 @@
 -- shared holders.)
 -- Takes lock KEYS[1] (the exclusive lock, which is also the write lock of a read-write lock)
 -- for owner token ARGV[2] (32 hex chars) with a lease of ARGV[3] ms.
--- KEYS[2]: the lock's fencing counter (lifetime ARGV[4] ms, see `next_fence`).
+-- KEYS[2]: the lock's state: its fencing counter and how its latest leases ended (lifetime
+-- ARGV[4] ms, see `next_fence`).
 -- KEYS[3], KEYS[4]: the lock's waiter queue (see `enqueue`), so that a release hands the lock
 -- straight to the longest waiter, waiters of different processes are served in order, and a
 -- grant can say how long after that waiter's latest attempt it came.
@@ -18,28 +19,30 @@
 -- Returns {rid, 1, fence} when ARGV[2] holds the lock now; {rid, 0, pttl, counter} when
 -- another owner holds it (readers: the time to the first reader's lease end); {rid, 0, -3,
 -- counter} when the lock is free but promised to an earlier waiter; {rid, 0, -4, counter} when
--- ARGV[2]'s acquisition was abandoned (see KEYS[8]); {rid, 0, -5, counter} when the lock is
+-- ARGV[2] is barred (see below); {rid, 0, -5, counter} when the lock is
 -- free but the queue's head is not known yet (64 lapsed registrations were dropped and more
 -- may follow: ask again at once); {rid, 0, -6, counter, kind} when the key is in use as a
 -- semaphore ('s<n>', see `conflicting`). `counter` is the fencing counter's value, -1 when it
 -- does not exist: a grant to ARGV[2] with a fence not above a known counter is stale (its
 -- lease ran out before this call, or this call would have found ARGV[2] holding the lock),
 -- and with the counter unknown a grant must be confirmed by another call.
--- KEYS[8]: `{lock}:done:<token>`, which release.lua sets when ARGV[2] released the lock ('1'),
--- found it lost at its release or was force-unlocked ('l'), or its acquisition was abandoned
--- ('a', its compensation ran): a request of it that reaches Redis only after that (held up in
--- the network) takes neither the lock nor a queue place.
--- The uncontended path (free, nobody queued, no reader) makes only EXISTS, INCR and SETs.
+-- ARGV[2] is refused ({rid, 0, -4, counter}) when the lock's state bars it (see `state_of`:
+-- its acquisition was abandoned, it was released or found lost, or force-unlocked): a
+-- request of it that reaches Redis only after that (held up in the network) takes neither the
+-- lock nor a queue place.
+-- The uncontended path (free, nobody queued, no reader) makes only EXISTS, HMGET, HSET,
+-- PEXPIRE and two SETs.
 local token = ARGV[2]
 
-if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[8], KEYS[6]) == 0 then
-  return {rid, 1, (take_lock(token, ARGV[3], ARGV[4], ARGV[7]))}
+-- Released, abandoned or lost: a token is used for one acquisition only, so a request of it
+-- that lands after its release (held up in the network) must take nothing.
+local st = state_of(token)
+if st.barred then
+  return {rid, 0, -4, st.n or -1}
 end
 
--- Released or abandoned: a token is used for one acquisition only, so a request of it that
--- lands after its release (held up in the network) must take nothing.
-if redis.call('EXISTS', KEYS[8]) == 1 then
-  return {rid, 0, -4, counter()}
+if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
+  return {rid, 1, (take_lock(token, ARGV[3], ARGV[4], ARGV[7], nil, st))}
 end
 
 local refusal = refused('x')
@@ -82,4 +85,4 @@ if not known then
   return {rid, 0, -5, counter()}
 end
 unqueue(token)
-return {rid, 1, (take_lock(token, ARGV[3], ARGV[4], ARGV[7]))}
+return {rid, 1, (take_lock(token, ARGV[3], ARGV[4], ARGV[7], nil, st))}

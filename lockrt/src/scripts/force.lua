@@ -8,21 +8,21 @@
 -- without that channel) or unheard, the holder's next renewal finds the lock not its own.
 -- A key held by readers or a semaphore's holders loses all of them, each revoked the same
 -- way, and the queue's head gets the key. A lock that is not held changes nothing ({rid, 0}).
--- Each revoked token is barred as a release that found its lock lost bars it (lock.lua's
--- `bar`): an acquire of it still held up in the network would otherwise take
--- the lock back when it lands, and the revoked holder's renewals would find it their own again.
--- The mark shares the lock's hash tag (KEYS[2] is `{tag}:fence`).
+-- Each revoked token is marked lost in the lock's state (lock.lua's `mark`): an acquire of it
+-- still held up in the network would otherwise take the lock back when it lands, and the
+-- revoked holder's renewals would find it their own again; and a retry of its release reports
+-- the loss.
 do
+  forced = true
   local revoke = ARGV[#ARGV]
-  local heard = #ARGV > 2 and string.sub(revoke, -8) == '}:revoke'
-  local tag = string.sub(KEYS[2], 1, -7)
+  local heard = #ARGV > 6 and string.sub(revoke, -8) == '}:revoke'
   local held = redis.call('GET', KEYS[1])
   if type(held) ~= 'string' or #held < 33 then
     if redis.call('EXISTS', KEYS[6]) == 0 or live_shared() == 0 then return {rid, 0} end
     local kind = redis.call('HGET', KEYS[7], 'kind')
     for _, t in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
       if heard then redis.pcall('PUBLISH', revoke, t) end
-      bar(tag .. ':done:' .. t)
+      mark(t, 'l', string.match(redis.call('HGET', KEYS[7], t) or '', '^(%d+)'))
     end
     redis.call('DEL', KEYS[6], KEYS[7])
     local sem = kind and string.sub(kind, 1, 1) == 's' and kind or nil
@@ -33,5 +33,5 @@ do
   end
   ARGV[2] = string.sub(held, 1, 32)
   if heard then redis.pcall('PUBLISH', revoke, ARGV[2]) end
-  bar(tag .. ':done:' .. ARGV[2])
+  mark(ARGV[2], 'l', string.sub(held, 34))
 end

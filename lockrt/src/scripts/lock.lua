@@ -5,6 +5,8 @@
 -- ARGV[1] is "<request id>:<client µs>": the client's clock (µs since the Unix epoch) as it
 -- sent the request. The whole text is echoed.
 local rid = ARGV[1]
+-- Set by force.lua before release.lua's part runs: the release is a forced unlock's.
+local forced = false
 
 -- No script calls TIME (refused to scripts by some managed services). Two clocks instead:
 -- - the server's, for what a server-side deadline decides (shared holders' leases, waiters'
@@ -62,33 +64,131 @@ local function fence_clock()
   return math.floor((client_us() - FENCE_EPOCH_US) / 10)
 end
 
--- The next fence from counter KEYS[2], and its decimal text: max(counter + 1, fence clock).
--- The counter lives `retention` ms (and never less than twice the lease, so it outlives the
--- lock it fences) from the latest acquisition. A new counter starts at the acquirer's clock,
--- above every fence the expired one issued as long as no two clients' clocks differ by more
--- than that lifetime: its last fence was at most the clock of the last acquirer plus the
--- acquisitions that came faster than one per 10 µs, one lifetime or more ago. A counter that
--- is not a number (someone else wrote it) starts again the same way.
--- `K`: the keys of the lock (KEYS unless given, see acquire_all.lua).
-local function next_fence(lease, retention, K)
+-- The lock's state, KEYS[2] (`{tag}:state`), a hash, one per lock whatever the release rate:
+-- - 'n': the fencing counter; 'b': the first fence it gave since the state was created;
+-- - 'x': the latest holder that took the lock (not a share) from Redis,
+--   "<h|r><token>:<fence>", 'h' while held, 'r' once its own release (or `min_hold` keep) ran;
+-- - 'r': the tokens of the latest 4 releases (locks and shares), 32 characters each;
+-- - 'm:<token>': a token barred, "<code>:<fence>:<seq>": 'l' its lease ended without its own
+--   release (found lost, forced, or lapsed and seen so), 'a' its acquisition was abandoned
+--   (fence 0 when it never held); 'ms' numbers them. At most MARKS are kept, oldest dropped
+--   first (and 'b' raised above a dropped mark's fence, so no release is inferred from a
+--   history that lost it).
+-- Every way a lease ends other than its own release marks its token, and a release is
+-- recorded in 'x' / 'r', so a retried release tells "released by me" from "lost" from this
+-- state alone (see `released`). It lives `retention` ms (at least twice the lease) after the
+-- latest acquisition; with it gone (idle, or a server restarted without data) no release is
+-- inferred: a retry finding nothing reports a loss.
+local MARKS = 64
+local RECENT = 4
+
+-- The state fields an acquisition of `t` needs: counter, base, latest holder, and whether
+-- `t` is barred (marked, or among the latest releases: a token is used for one acquisition).
+local function state_of(t, K)
   K = K or KEYS
-  local last = tonumber(redis.call('GET', K[2])) or 0
-  local fence = math.max(last + 1, fence_clock())
+  local st = redis.call('HMGET', K[2], 'n', 'b', 'x', 'm:' .. t, 'r')
+  return {n = tonumber(st[1]), b = st[2], x = st[3],
+    barred = st[4] ~= false or string.find(st[5] or '', t, 1, true) ~= nil}
+end
+
+-- Keeps the state for `life` ms when it has no expiry yet (a write that created it).
+local function keep_state(K, life)
+  if redis.call('PTTL', K[2]) < 0 then redis.call('PEXPIRE', K[2], life) end
+end
+
+-- Marks token `t` barred (code 'l' or 'a', its fence or 0); an existing mark stays.
+local function mark(t, code, fence, K)
+  K = K or KEYS
+  local field = 'm:' .. t
+  if redis.call('HEXISTS', K[2], field) == 1 then return end
+  local seq = redis.call('HINCRBY', K[2], 'ms', 1)
+  redis.call('HSET', K[2], field, code .. ':' .. (tonumber(fence) or 0) .. ':' .. seq)
+  keep_state(K, tonumber(ARGV[4]) or 86400000)
+  if seq % 16 ~= 0 or redis.call('HLEN', K[2]) <= MARKS + 6 then return end
+  -- Over the bound: the oldest half go.
+  local all = redis.call('HGETALL', K[2])
+  local marks = {}
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == 'm:' then
+      local _, f, q = string.match(all[i + 1], '^(%a):(%d+):(%d+)$')
+      marks[#marks + 1] = {all[i], tonumber(f) or 0, tonumber(q) or 0}
+    end
+  end
+  table.sort(marks, function(p, q) return p[3] < q[3] end)
+  local base = tonumber(redis.call('HGET', K[2], 'b'))
+  for i = 1, #marks - MARKS / 2 do
+    redis.call('HDEL', K[2], marks[i][1])
+    if base and marks[i][2] >= base then base = marks[i][2] + 1 end
+  end
+  if base then redis.call('HSET', K[2], 'b', string.format('%.0f', base)) end
+end
+
+-- Records `t`'s own release among the latest ones (and as the latest holder's, `fence` given).
+local function record_release(t, fence, K)
+  K = K or KEYS
+  local recent = redis.call('HGET', K[2], 'r') or ''
+  recent = string.sub(t .. recent, 1, 32 * RECENT)
+  if fence then
+    redis.call('HSET', K[2], 'r', recent, 'x', 'r' .. t .. ':' .. fence)
+  else
+    redis.call('HSET', K[2], 'r', recent)
+  end
+  keep_state(K, tonumber(ARGV[4]) or 86400000)
+end
+
+-- Whether token `t`'s lease (fence `f`, counter units; `share`: a read share or permit) ended
+-- by its own release, as the state tells: among the latest releases; or never marked while a
+-- later holder took the lock from Redis (for a share: while it is gone from the holders), with
+-- `f` inside the state's history. Every other end of a lease marks its token.
+local function released(t, f, share)
+  local st = redis.call('HMGET', KEYS[2], 'b', 'x', 'm:' .. t, 'r')
+  if st[3] then return false end
+  if string.find(st[4] or '', t, 1, true) then return true end
+  local b, fence = tonumber(st[1]), tonumber(f)
+  if not b or not fence or fence < b then return false end
+  if share then return true end
+  local x = st[2]
+  if not x then return false end
+  if string.sub(x, 2, 33) == t then return string.sub(x, 1, 1) == 'r' end
+  return (tonumber(string.match(x, ':(%d+)$')) or 0) > fence
+end
+
+-- The next fence for `holder` (state `st` as `state_of` read it), written to the state with
+-- what goes with it, and its decimal text: max(counter + 1, fence clock). A new state starts
+-- at the acquirer's clock, above every fence the expired one issued as long as no two
+-- clients' clocks differ by more than its lifetime: its last fence was at most the clock of
+-- its last acquirer plus the acquisitions that came faster than one per 10 µs, one lifetime
+-- or more ago. `holder`: the token taking the lock (not a share), recorded as the latest
+-- holder. `K`: the keys of the lock (KEYS unless given).
+local function next_fence(lease, retention, st, holder, K)
+  K = K or KEYS
+  local fence = math.max((st.n or 0) + 1, fence_clock())
   local life = math.max(tonumber(retention), 2 * tonumber(lease))
   -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
   local text = string.format('%.0f', fence)
-  redis.call('SET', K[2], text, 'PX', string.format('%.0f', life))
+  local args = {'HSET', K[2], 'n', text}
+  if not st.b then args[#args + 1] = 'b'; args[#args + 1] = text end
+  if holder then args[#args + 1] = 'x'; args[#args + 1] = 'h' .. holder .. ':' .. text end
+  redis.call(unpack(args))
+  redis.call('PEXPIRE', K[2], string.format('%.0f', life))
   return fence, text
 end
 
--- Gives lock KEYS[1] to `holder` for `lease` ms with the next fence (see `next_fence`);
--- returns the fence and its decimal text.
+-- Gives lock KEYS[1] to `holder` for `lease` ms with the next fence (see `next_fence`; `st`
+-- the state as `state_of` read it, read here unless given); returns the fence and its text.
+-- The lock is free here: a latest holder the state still says holds it lost its lease
+-- without its release (it ran out), and is marked so.
 --
 -- KEYS[5] (`{lock}:owner`) gets the holder's identity beside the lock with the same PTTL:
 -- "<acquired-at client ms>|<owner>", where `owner` is the client's text (see `owner_text`).
-local function take_lock(holder, lease, retention, owner, K)
+local function take_lock(holder, lease, retention, owner, K, st)
   K = K or KEYS
-  local fence, text = next_fence(lease, retention, K)
+  st = st or state_of(holder, K)
+  local x = st.x
+  if x and string.sub(x, 1, 1) == 'h' and string.sub(x, 2, 33) ~= holder then
+    mark(string.sub(x, 2, 33), 'l', string.match(x, ':(%d+)$'), K)
+  end
+  local fence, text = next_fence(lease, retention, st, holder, K)
   redis.call('SET', K[1], holder .. ':' .. text, 'PX', lease)
   redis.call('SET', K[5], string.format('%.0f', client_ms()) .. '|' .. owner_text(owner), 'PX', lease)
   return fence, text
@@ -99,12 +199,14 @@ end
 -- field 'kind' ('r' readers, 's<n>' a semaphore of n permits), per holder
 -- token -> "<fence>|<acquired-at ms>|<owner>", and '#': the absolute expiry (server ms) both
 -- keys were given, so that the server's time is that minus the hash's PTTL (`anchored_ms`).
--- Both live at least as long as every lease in them (`keep_shared` only ever extends them) and
--- go when the last holder goes. `S`, `SI`: those two keys (KEYS[6], KEYS[7] unless given, see
+-- Both live SHARE_GRACE_MS past every lease in them (`keep_shared` only ever extends them),
+-- so a share that lapsed unreleased is still found (and marked, see `live_shared`) by a
+-- retry of its release within that time, and go when the last holder goes. `S`, `SI`: those two keys (KEYS[6], KEYS[7] unless given, see
 -- renew.lua); `now`: the server's time.
+local SHARE_GRACE_MS = 120000
 local function keep_shared(lease, now, S, SI)
   S, SI = S or KEYS[6], SI or KEYS[7]
-  local want = now + tonumber(lease)
+  local want = now + tonumber(lease) + SHARE_GRACE_MS
   local at = tonumber(redis.call('HGET', SI, '#'))
   if not at or at < want or redis.call('PTTL', SI) < 0 then
     local text = string.format('%.0f', want)
@@ -142,6 +244,8 @@ local function live_shared()
     local gone = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', string.format('%.0f', now_ms()),
       'LIMIT', 0, 64)
     for _, t in ipairs(gone) do
+      -- Lapsed without its release: barred, so that no release of it is inferred.
+      mark(t, 'l', string.match(redis.call('HGET', KEYS[7], t) or '', '^(%d+)'))
       redis.call('ZREM', KEYS[6], t)
       redis.call('HDEL', KEYS[7], t)
     end
@@ -161,7 +265,7 @@ end
 -- Makes `holder` a shared holder of kind `kind` for `lease` ms with the next fence; returns the
 -- fence and its text.
 local function take_shared(holder, lease, retention, owner, kind)
-  local fence, text = next_fence(lease, retention)
+  local fence, text = next_fence(lease, retention, state_of(holder))
   local now = string.format('%.0f', client_ms())
   redis.call('ZADD', KEYS[6], string.format('%.0f', now_ms() + tonumber(lease)), holder)
   redis.call('HSET', KEYS[7], 'kind', kind, holder, text .. '|' .. now .. '|' .. owner_text(owner))
@@ -171,7 +275,7 @@ end
 
 -- The fencing counter's value, -1 when it does not exist.
 local function counter()
-  return tonumber(redis.call('GET', KEYS[2]) or '-1')
+  return tonumber(redis.pcall('HGET', KEYS[2], 'n')) or -1
 end
 
 -- The waiter queue: KEYS[3] zset token -> arrival, KEYS[4] hash token ->
@@ -205,19 +309,14 @@ end
 -- The release of `token` where it holds nothing (a waiter that gave up, or a late release):
 -- only its queue place goes, and when it was a writer or a semaphore's waiter while shared
 -- holders are there, the waiters it may have held back are told to retry ("r" on ARGV[3]).
--- With `abandon`, KEYS[8] marks the acquisition abandoned ('a'). A holder's release that
--- finds its lock gone (lost) marks the token 'l': no proof of a release, but refused by the
--- acquire scripts like any released token, so an attempt of it still in the network takes
--- nothing when it lands (a token is used for one acquisition only). {rid, 3} when this
--- token's own release had already happened (its proof, KEYS[8] = '1'; for an abandon, any
--- mark), {rid, 0} otherwise.
--- Bars a token whose lease ended without its own release (found lost, or force-unlocked):
--- `done` is its `{lock}:done:<token>`; 'l' is no proof of a release, and an existing mark stays.
-local function bar(done)
-  redis.call('SET', done, 'l', 'PX', ARGV[5], 'NX')
-end
-
-local function not_holder(token, abandon)
+-- Then, as ARGV[5] says: 'b' (a rollback) nothing more; 'a' (an abandoned acquisition's
+-- compensation) the token is marked abandoned, and {rid, 3} when its release or a mark
+-- came before; otherwise {rid, 3} when the state proves its own release happened (a retry
+-- whose first try's reply was lost; `released`, ARGV[6] its fence, `share` its kind, `lapsed`:
+-- its share was found run out), else the token is marked lost: no proof of a release, and
+-- refused by the acquire scripts like any released token, so an attempt of it still in the
+-- network takes nothing when it lands (a token is used for one acquisition only).
+local function not_holder(token, share, lapsed)
   local reader = redis.call('HGET', KEYS[4], 'k:' .. token) == 'r'
   if redis.call('ZREM', KEYS[3], token) == 1 then
     redis.call('HDEL', KEYS[4], token, 'o:' .. token, 'k:' .. token)
@@ -225,15 +324,22 @@ local function not_holder(token, abandon)
       redis.pcall('PUBLISH', ARGV[3], 'r')
     end
   end
-  if not KEYS[8] then return {rid, 0} end
-  local mark = redis.call('GET', KEYS[8])
-  if abandon then
-    redis.call('SET', KEYS[8], 'a', 'PX', ARGV[5])
-    if mark then return {rid, 3} end
+  local mode = ARGV[5] or ''
+  if mode == 'b' or forced then return {rid, 0} end
+  if mode == 'a' then
+    local before = state_of(token).barred
+    mark(token, 'a', 0)
+    return {rid, before and 3 or 0}
+  end
+  if lapsed then
+    -- Marked here, and its record goes: the lease ran out before this release.
+    mark(token, 'l', ARGV[6])
+    redis.call('ZREM', KEYS[6], token)
+    redis.call('HDEL', KEYS[7], token)
     return {rid, 0}
   end
-  if mark == '1' then return {rid, 3} end
-  bar(KEYS[8])
+  if released(token, ARGV[6], share) then return {rid, 3} end
+  mark(token, 'l', ARGV[6])
   return {rid, 0}
 end
 

@@ -1,8 +1,8 @@
 -- (lock.lua comes first: `rid`, the queue and the shared holders.)
 -- Takes a share of key KEYS[1] for owner token ARGV[2]: ARGV[8] = 'r' a read share of its
 -- read-write lock, 's<n>' a permit of its semaphore of n. KEYS and ARGV otherwise as in
--- acquire.lua (KEYS[1] the write lock, KEYS[6], KEYS[7] the shared holders, KEYS[8] the
--- token's done mark).
+-- acquire.lua (KEYS[1] the write lock, KEYS[2] the lock's state, KEYS[6], KEYS[7] the shared
+-- holders).
 -- A reader enters when no writer holds the lock and no live writer is queued ahead of it (so
 -- a waiting writer holds back later readers and is never starved); a semaphore's caller when a
 -- permit is free and fewer live waiters than free permits are queued ahead of it (FIFO).
@@ -14,7 +14,7 @@
 local token, want = ARGV[2], ARGV[8]
 local sem = string.sub(want, 1, 1) == 's'
 
-if redis.call('EXISTS', KEYS[8]) == 1 then
+if state_of(token).barred then
   return {rid, 0, -4, counter()}
 end
 local refusal = refused(want)

@@ -1,20 +1,25 @@
--- (lock.lua comes first: `rid`, the queue, the shared holders, `hand_over`.)
+-- (lock.lua comes first: `rid`, the queue, the shared holders, the state, `hand_over`.)
 -- Releases the share (read share or permit) of owner token ARGV[2] on key KEYS[1]; otherwise
--- only drops ARGV[2] from the waiter queue. KEYS and ARGV as in release.lua (KEYS[8], the
--- token's done mark, optional; ARGV[6] = 'a' an abandoned acquisition's compensation).
+-- only drops ARGV[2] from the waiter queue. KEYS and ARGV as in release.lua (ARGV[5]: '' a
+-- holder's release, 'a' an abandoned acquisition's compensation, 'b' a rollback; ARGV[6] the
+-- share's fence).
 -- The last reader out hands the lock to the head of the queue (a writer, or the readers queued
 -- ahead of any writer); a permit goes to the longest waiter of the semaphore. Returns {rid, n}
 -- as release.lua: 0 not a holder, 1 released, 2 released and handed over, 3 released before.
 local token = ARGV[2]
-local abandon = KEYS[8] and ARGV[6] == 'a'
+local mode = ARGV[5] or ''
 local kind = redis.call('HGET', KEYS[7], 'kind')
 local expiry = redis.call('ZSCORE', KEYS[6], token)
 if not expiry or tonumber(expiry) <= now_ms() then
-  return not_holder(token, abandon)
+  return not_holder(token, true, expiry ~= false and mode == '')
 end
 redis.call('ZREM', KEYS[6], token)
+local rec = redis.call('HGET', KEYS[7], token) or ''
 redis.call('HDEL', KEYS[7], token)
-if KEYS[8] then redis.call('SET', KEYS[8], abandon and 'a' or '1', 'PX', ARGV[5]) end
+if mode ~= 'b' then
+  record_release(token)
+  if mode == 'a' then mark(token, 'a', string.match(rec, '^(%d+)')) end
+end
 
 local held = live_shared()
 local granted, stale = 0, false

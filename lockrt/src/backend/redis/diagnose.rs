@@ -15,9 +15,10 @@ use crate::error::BackendError;
 /// master), and every command the scripts run (Redis checks those against the user too).
 /// Keep in step with `scripts/*.lua`; `tests/topology_acl.rs` grants exactly this.
 pub(crate) const ACL_HINT: &str = "grant the user `~lock:* ~{lock:* &{lock:* +evalsha +eval \
-     +subscribe +unsubscribe +ping +hello +wait +role` and the commands the scripts run, \
-     `+get +set +del +exists +incr +pexpire +pttl +hget +hset +hdel +zadd +zrange +zrem \
-     +zscore +publish` (with your prefix instead of `lock:`)";
+     +subscribe +unsubscribe +ping +hello +wait +role +info` and the commands the scripts run, \
+     `+get +set +del +exists +pexpire +pexpireat +pttl +hget +hmget +hset +hdel +hexists \
+     +hincrby +hlen +hgetall +zadd +zcard +zrange +zrangebyscore +zrem +zscore +publish` (with \
+     your prefix instead of `lock:`)";
 
 /// A scrubbed error for the server at `addr`; `cluster`: it came through a cluster
 /// connection.

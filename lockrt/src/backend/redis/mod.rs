@@ -141,15 +141,10 @@ impl RedisBackend {
         let (register, grant) =
             queue.map_or((0, 0), |q| (millis(q.register), millis(q.grant_lease)));
         let retention = millis(self.fence_retention);
-        // Marked by the compensation of an acquisition that was given up: refused from then on.
-        let done = key.done(token.as_str());
         let call = Call {
             clock: Some(key.now()),
-            nkeys: 8,
-            keys: |c: &mut Cmd| {
-                lock_keys(c, key);
-                c.arg(&done);
-            },
+            nkeys: 7,
+            keys: |c: &mut Cmd| lock_keys(c, key),
             args: |c: &mut Cmd| {
                 c.arg(token.as_str())
                     .arg(millis(ttl))
@@ -172,7 +167,9 @@ impl RedisBackend {
             // Not acknowledged: the lock must not count, so it must not stay either. No proof
             // and no mark: the acquisition goes on with this token, and a proof from before it
             // held would hide a later loss.
-            let _ = self.release_as(key, Some(token), Mode::Rollback).await;
+            let _ = self
+                .release_as(key, Some(token), None, Mode::Rollback)
+                .await;
             return Err(e);
         }
         Ok(attempt_of(&reply.values))
@@ -187,15 +184,13 @@ impl RedisBackend {
         locks: &[(&LockKey, &Token)],
         ttl: Duration,
     ) -> Result<Option<Vec<u64>>, BackendError> {
-        let dones: Vec<String> = locks.iter().map(|(k, t)| k.done(t.as_str())).collect();
         let call = Call {
             // Its one path reads no server time (see acquire_all.lua).
             clock: None,
-            nkeys: 8 * locks.len(),
+            nkeys: 7 * locks.len(),
             keys: |c: &mut Cmd| {
-                for ((key, _), done) in locks.iter().zip(&dones) {
+                for (key, _) in locks {
                     lock_keys(c, key);
-                    c.arg(done);
                 }
             },
             args: |c: &mut Cmd| {
@@ -213,7 +208,9 @@ impl RedisBackend {
         if let Some(e) = reply.unacknowledged {
             if taken {
                 for (key, token) in locks {
-                    let _ = self.release_as(key, Some(token), Mode::Rollback).await;
+                    let _ = self
+                        .release_as(key, Some(token), None, Mode::Rollback)
+                        .await;
                 }
             }
             return Err(e);
@@ -370,16 +367,18 @@ impl RedisBackend {
         Ok(out.into_iter().map(|v| v == 1).collect())
     }
 
-    /// A holder's release, which leaves its proof; with `keep`, the lock stays taken
-    /// (owner-checked) for that long instead (`min_hold`), with the same proof.
+    /// A holder's release, recorded in the lock's state so that a retry tells it from a loss
+    /// (`counter`: the fencing counter's value the lease was taken with); with `keep`, the lock
+    /// stays taken (owner-checked) for that long instead (`min_hold`), recorded the same way.
     pub(crate) async fn release(
         &self,
         key: &LockKey,
         token: &Token,
+        counter: u64,
         keep: Option<Duration>,
     ) -> Result<Released, BackendError> {
         let mode = keep.map_or(Mode::Release, Mode::Keep);
-        self.release_as(key, Some(token), mode).await
+        self.release_as(key, Some(token), Some(counter), mode).await
     }
 
     /// The release of an acquisition that ended without a guard: also marks `token` so that
@@ -389,7 +388,7 @@ impl RedisBackend {
         key: &LockKey,
         token: &Token,
     ) -> Result<Released, BackendError> {
-        self.release_as(key, Some(token), Mode::Abandon).await
+        self.release_as(key, Some(token), None, Mode::Abandon).await
     }
 
     /// Whether a write counts only once replicas acknowledged it (`sync_replicas`).
@@ -403,32 +402,27 @@ impl RedisBackend {
         &self,
         key: &LockKey,
         token: Option<&Token>,
+        counter: Option<u64>,
         mode: Mode,
     ) -> Result<Released, BackendError> {
         let retention = millis(self.fence_retention);
-        // A forced unlock and a rollback leave no proof of release: a later "not ours" of
-        // that token must read as a loss.
-        let done = token
-            .filter(|_| !matches!(mode, Mode::Rollback))
-            .map(|t| key.done(t.as_str()));
         let call = Call {
             clock: Some(key.now()),
-            nkeys: if done.is_some() { 8 } else { 7 },
-            keys: |c: &mut Cmd| {
-                lock_keys(c, key);
-                if let Some(done) = &done {
-                    c.arg(done);
-                }
-            },
+            nkeys: 7,
+            keys: |c: &mut Cmd| lock_keys(c, key),
             args: |c: &mut Cmd| {
                 c.arg(token.map_or("", Token::as_str))
                     .arg(key.channel())
-                    .arg(retention)
-                    .arg(millis(self.release_proof_life()));
+                    .arg(retention);
                 match mode {
                     Mode::Abandon => c.arg("a"),
                     Mode::Keep(keep) => c.arg(format!("k{}", millis(keep))),
-                    Mode::Release | Mode::Rollback => c.arg(""),
+                    Mode::Rollback => c.arg("b"),
+                    Mode::Release => c.arg(""),
+                };
+                match counter {
+                    Some(n) => c.arg(n),
+                    None => c.arg(""),
                 };
                 if token.is_none() {
                     // force.lua's last argument: where the holder's locker hears of it.
@@ -454,9 +448,9 @@ impl RedisBackend {
 /// What a release-shaped script call is for.
 #[derive(Debug, Clone, Copy)]
 enum Mode {
-    /// A holder's release: leaves the proof `{lock}:done:<token>`.
+    /// A holder's release: recorded in the lock's state.
     Release,
-    /// `min_hold`: keeps the lock (owner-checked) for this long instead, with the same proof.
+    /// `min_hold`: keeps the lock (owner-checked) for this long instead, recorded the same way.
     Keep(Duration),
     /// The compensation of an abandoned acquisition: marks the token refused.
     Abandon,
@@ -465,18 +459,9 @@ enum Mode {
 }
 
 impl RedisBackend {
-    /// How long a release's proof (`{lock}:done:<token>`) outlives it: longer than every
-    /// retry of that release can take (each bounded by the connect and response timeouts).
-    /// An abandoned acquisition's mark lives as long: a request of it held up in the network
-    /// longer than that (beyond TCP's usual retransmissions) would still take the lock.
-    fn release_proof_life(&self) -> Duration {
-        let per_try = self.timeouts.connect + self.timeouts.response;
-        (per_try * 8).max(Duration::from_secs(10))
-    }
-
     /// Releases `key` whoever holds it, as its holder's release would (hand-over included).
     pub(crate) async fn force_release(&self, key: &LockKey) -> Result<Released, BackendError> {
-        self.release_as(key, None, Mode::Release).await
+        self.release_as(key, None, None, Mode::Release).await
     }
 
     /// Lock `key` as inspection reports it, `None` when free.

@@ -305,10 +305,10 @@ pub(crate) fn per_lease(res: Result<Vec<bool>, BackendError>, n: usize) -> Vec<R
     }
 }
 
-/// The five names one lock's acquire- and release-shaped scripts take, in their KEYS order.
+/// The seven names one lock's acquire- and release-shaped scripts take, in their KEYS order.
 pub(crate) fn lock_keys(c: &mut Cmd, key: &LockKey) {
     c.arg(key.lock())
-        .arg(key.fence())
+        .arg(key.state())
         .arg(key.queue())
         .arg(key.waiters())
         .arg(key.owner())
@@ -353,11 +353,11 @@ mod tests {
     fn aux_names_are_written_as_one_argument() {
         let k = LockKey::new("lock:", "stock:1").unwrap();
         let args = redis::cmd("X")
-            .arg(k.fence())
+            .arg(k.state())
             .arg(k.queue())
             .get_packed_command();
         let text = String::from_utf8(args).unwrap();
-        assert!(text.contains("$20\r\n{lock:stock:1}:fence\r\n"), "{text:?}");
+        assert!(text.contains("$20\r\n{lock:stock:1}:state\r\n"), "{text:?}");
         assert!(text.contains("$16\r\n{lock:stock:1}:q\r\n"), "{text:?}");
     }
 }
