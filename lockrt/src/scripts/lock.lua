@@ -128,12 +128,14 @@ local function record_release(t, fence, K)
   K = K or KEYS
   local recent = redis.call('HGET', K[2], 'r') or ''
   recent = string.sub(t .. recent, 1, 32 * RECENT)
+  local added
   if fence then
-    redis.call('HSET', K[2], 'r', recent, 'x', 'r' .. t .. ':' .. fence)
+    added = redis.call('HSET', K[2], 'r', recent, 'x', 'r' .. t .. ':' .. fence)
   else
-    redis.call('HSET', K[2], 'r', recent)
+    added = redis.call('HSET', K[2], 'r', recent)
   end
-  keep_state(K, tonumber(ARGV[4]) or 86400000)
+  -- Every field new: this write created the state (it had expired, or the server lost it).
+  if added == (fence and 2 or 1) then redis.call('PEXPIRE', K[2], tonumber(ARGV[4]) or 86400000) end
 end
 
 -- Whether token `t`'s lease (fence `f`, counter units; `share`: a read share or permit) ended
