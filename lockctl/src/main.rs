@@ -156,6 +156,9 @@ async fn connect(url: Option<String>, prefix: Option<String>) -> Result<Locker, 
     LockerBuilder::from_config(config)
         .map_err(|e| e.to_string())?
         .service_name("lockctl")
+        // An operator inspects and unlocks whatever server the service uses; the service's
+        // own build refuses an evicting one (lockctl says so in one WARN).
+        .allow_eviction(true)
         .build()
         .await
         .map_err(|e| format!("cannot connect (URL from {source}): {e}"))
