@@ -102,9 +102,12 @@ fn classify(e: &RedisError, cluster: bool) -> (&'static str, bool) {
 }
 
 /// A command a script ran was denied by the user's ACL (Redis 7.0 answers a plain `ERR`).
+/// A command a script ran that the user may not run: Redis 7.0 says "can't run this command",
+/// Redis 7.2+ and Valkey "ACL failure in script: ... no permissions to run".
 fn denied_inside_script(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
-        && e.to_string().contains("can't run this command")
+    let text = e.to_string();
+    matches!(e.kind(), ErrorKind::Server(_))
+        && (text.contains("can't run this command") || text.contains("ACL failure in script"))
 }
 
 fn is_tls(e: &RedisError) -> bool {
@@ -143,6 +146,18 @@ mod tests {
         );
         assert!(!in_script.is_transient());
         assert!(in_script.to_string().contains("+zscore"), "{in_script}");
+        let valkey = diagnose(
+            "h:1",
+            false,
+            &server_error(
+                "ERR",
+                "ACL failure in script: User u has no permissions to run the 'get' command \
+                 script: x, on @user_script:1.",
+            ),
+            str::to_owned,
+        );
+        assert!(!valkey.is_transient());
+        assert!(valkey.to_string().contains("+zscore"), "{valkey}");
         let moved = diagnose(
             "h:1",
             false,
