@@ -1,6 +1,6 @@
 //! No script reads the server's `TIME` (refused to scripts by some managed services): every
 //! kind works on a server that refuses it, and fences stay strictly increasing when the hosts'
-//! clocks, which the fence clock comes from, disagree.
+//! clocks disagree (the fence clock is the server's, read without `TIME`).
 
 mod support;
 
@@ -126,9 +126,8 @@ async fn every_kind_works_where_scripts_may_not_call_time() {
         .expect("the reader is told");
 }
 
-/// The fence clock is the acquiring host's: with hosts a second ahead and a second behind,
-/// two seconds apart, fences increase while the key's counter lives, and after it expired (its
-/// retention, 3 s here, is longer than the clocks' difference).
+/// Hosts whose clocks are two seconds apart: fences increase while the key's counter lives,
+/// and after it expired (the fence clock is the server's; the client's clock only shows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_increase_across_hosts_whose_clocks_differ_by_a_second() {
     let server = RedisServer::start().expect("start redis-server");
@@ -170,4 +169,43 @@ async fn fences_increase_across_hosts_whose_clocks_differ_by_a_second() {
     }
     fences.push(take(-1_000).await);
     assert!(fences.windows(2).all(|w| w[1] > w[0]), "{fences:?}");
+}
+
+/// A restart without data while a holder's host clock is ahead: the fence clock is the
+/// server's, so the next holder's fence is above the lost one's, and the lost holder's release
+/// is a loss (the new state's history starts above it). Found by a review when the fence clock
+/// was the client's: the next fence went backwards and the release returned `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_data_with_a_host_clock_ahead_keeps_fences_and_losses() {
+    let server = RedisServer::start().expect("start redis-server");
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (a, b) = (
+        Locker::connect(&server.url()).await.unwrap(),
+        Locker::connect(&server.url()).await.unwrap(),
+    );
+    let long = opts().ttl(ms(30_000));
+    for read in [false, true] {
+        let key = if read { "restart:r" } else { "restart:x" };
+        lockrt::testing::skew_clock(10_000);
+        let first = a.acquire(key, if read { long.read() } else { long }).await;
+        lockrt::testing::skew_clock(0);
+        let first = first.unwrap();
+        let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        let next = b.acquire(key, long.write()).await.unwrap();
+        assert!(
+            next.fence() > first.fence(),
+            "{} after {}",
+            next.fence(),
+            first.fence()
+        );
+        next.release().await.unwrap();
+        let later = b.acquire(key, long).await.unwrap();
+        later.release().await.unwrap();
+        let err = first.release().await.unwrap_err();
+        assert!(err.is_lost(), "{err:?}");
+    }
 }

@@ -336,9 +336,9 @@ impl LockerBuilder {
 
     /// How long a key's fencing counter lives after its latest acquisition (default 24 h, and
     /// at least twice the lease): the state a key leaves behind is bounded by it. The next
-    /// counter starts at the fence clock (the acquiring host's clock in 10 µs units since
-    /// 2020), above every fence the old one issued (each acquisition set it to at most one
-    /// above the fence clock or the counter before), unless two hosts' clocks differ by about
+    /// counter starts at the fence clock (the Redis server's time in 10 µs units since 2020),
+    /// above every fence the old one issued (each acquisition set it to at most one above the
+    /// fence clock or the counter before), unless the server's clock stepped back by about
     /// this long or acquisitions came faster than one per 10 µs for that long.
     pub fn fence_retention(mut self, t: Duration) -> Self {
         self.fence_retention = t;

@@ -269,6 +269,7 @@ impl LeaseInfo {
         Renewal {
             key: &self.key,
             token: &self.token,
+            counter: self.counter,
             lease,
             passed_to,
         }

@@ -71,12 +71,11 @@
 //! failover to a replica that had not yet received the lock loses it. Where a double writer
 //! would corrupt data, pass [`LockGuard::fence`] (or [`HeldLock::fence`] from
 //! [`current_lock`]) to the storage and have it reject a fence lower than the last one it saw.
-//! Fences come from `max(last + 1, the acquiring host's clock in 10 µs units since 2020)`
-//! (times 32 for the local hand-off places), so they keep increasing after a key's counter
-//! was dropped for idleness (after a day without an acquisition, unless hosts' clocks differ
-//! by about that much; see [`LockerBuilder::fence_retention`]) and stay below 2^53, exact in
-//! a double (Lua, JavaScript, JSON), until about 2109; after a failover they are only as good
-//! as the replica's copy.
+//! Fences come from `max(last + 1, Redis server time in 10 µs units since 2020)` (times 32
+//! for the local hand-off places), so they keep increasing after a key's counter was dropped
+//! for idleness or lost with the server's data and stay below 2^53, exact in a double (Lua,
+//! JavaScript, JSON), until about 2109; after a failover they are only as good as the
+//! replica's copy and clock.
 
 mod acquire;
 mod backend;

@@ -5,7 +5,7 @@
 //! deletes both). Its value is
 //!
 //! ```text
-//! <acquired-at ms since the Unix epoch, the acquiring host's clock>|<service>|<host>|<pid>|<instance id>
+//! <acquired-at ms since the Unix epoch, server time>|<service>|<host>|<pid>|<instance id>
 //! ```
 //!
 //! and, once the lock was passed on in its holder's process (local hand-off), the check of
@@ -35,7 +35,7 @@ pub(crate) fn owner_text(service: Option<&str>, instance: uuid::Uuid) -> String 
 }
 
 /// The record kept beside a lock: `<acquired-at ms>|<owner text>` (lock.lua writes the same
-/// from the acquiring host's clock, sent with the request).
+/// from the server's clock).
 pub(crate) fn record(acquired_at_ms: u64, owner: &str) -> String {
     format!("{acquired_at_ms}|{owner}")
 }
@@ -94,8 +94,8 @@ pub struct Holder {
     pub pid: u32,
     /// The holding [`Locker`](crate::Locker)'s instance id (a UUID, as text).
     pub instance_id: String,
-    /// When the holder acquired the lock, in ms since the Unix epoch on the acquiring host's
-    /// clock, or when it was passed to it in its process.
+    /// When the holder acquired the lock, in ms since the Unix epoch (the server's clock), or
+    /// when it was passed to it in its process (that host's clock).
     pub acquired_at_ms: u64,
     /// The holder's place in a run of local hand-offs
     /// ([`LockerBuilder::local_handoff`](crate::LockerBuilder::local_handoff)): 0 for the task

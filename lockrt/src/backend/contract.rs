@@ -115,6 +115,9 @@ pub(crate) type Renewed = Result<bool, BackendError>;
 pub(crate) struct Renewal<'a> {
     pub(crate) key: &'a LockKey,
     pub(crate) token: &'a Token,
+    /// The fencing counter's value the lease was taken with: a lock its token took again
+    /// later (a request of it held up in the network) is not this lease.
+    pub(crate) counter: u64,
     pub(crate) lease: Duration,
     /// A local hand-off's check: the lease was passed on in the process to the holder with
     /// this place in the run (see `owner::Holder::handoff`), which the owner record then names.

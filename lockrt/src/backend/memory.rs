@@ -538,6 +538,7 @@ mod tests {
         let renewal = |t| Renewal {
             key: &key,
             token: t,
+            counter: 0,
             lease: ttl,
             passed_to: None,
         };

@@ -8,33 +8,37 @@ local rid = ARGV[1]
 -- Set by force.lua before release.lua's part runs: the release is a forced unlock's.
 local forced = false
 
--- No script calls TIME (refused to scripts by some managed services). Two clocks instead:
--- - the server's, for what a server-side deadline decides (shared holders' leases, waiters'
---   registrations, a grant's delay): read once per call through expiry arithmetic on the
---   scratch key `{tag}:now`, passed as the last key of the calls that need it and taken off
---   KEYS here (renewals do not pass it: a key that does not exist in a slot being migrated
---   would make the whole call TRYAGAIN; they read the clock off the shared holders' records,
---   see `anchored_ms`);
--- - the client's, for what only needs to move forward (the fence clock, see `fence_clock`)
---   or is shown (acquired-at times).
+-- No script calls TIME (refused to scripts by some managed services). The server's clock is
+-- read instead through expiry arithmetic, at most once per call: a declared key about to be
+-- written anyway is set to expire at a fixed instant (`SET … PXAT`), and the server's time
+-- is that instant minus its PTTL. `take_lock` reads it through the lock's owner key, which it
+-- writes next; other paths through the scratch key `{tag}:now`, passed as the last key of the
+-- calls that need it, taken off KEYS here and deleted after. Renewals pass no scratch key (a
+-- key that does not exist in a slot being migrated would make the whole call TRYAGAIN): they
+-- read the clock off the shared holders' records (see `anchored_ms`). The client's clock,
+-- sent with the request id, is used only where a time is shown (the hand-off record).
 local now_key = #KEYS > 0 and string.sub(KEYS[#KEYS], -5) == '}:now' and table.remove(KEYS)
-local FAR_MS = 4102444800000 -- 2100-01-01: PXAT this, then PTTL, is the server's time
+local FAR_MS = 4102444800000 -- 2100-01-01
 
 local clock
+-- The server's time in ms, read through `key` (which the caller overwrites or deletes).
+local function read_clock(key)
+  if not clock then
+    redis.call('SET', key, '1', 'PXAT', FAR_MS)
+    clock = FAR_MS - redis.call('PTTL', key)
+  end
+  return clock
+end
 local function now_ms()
   if not clock then
-    redis.call('SET', now_key, '1', 'PXAT', FAR_MS)
-    clock = FAR_MS - redis.call('PTTL', now_key)
+    read_clock(now_key)
     redis.call('DEL', now_key)
   end
   return clock
 end
 
-local function client_us()
-  return tonumber(string.match(rid, ':(%d+)$')) or 0
-end
 local function client_ms()
-  return math.floor(client_us() / 1000)
+  return math.floor((tonumber(string.match(rid, ':(%d+)$')) or 0) / 1000)
 end
 
 -- Whether lock value `cur` ("<token>:<fence>", or false for no key) belongs to owner `token`.
@@ -56,12 +60,13 @@ local function owner_text(owner)
   return string.sub(owner, 1, 256)
 end
 
--- The fence clock: the client's time in units of 10 µs since 2020-01-01. Times 32 (the local
--- hand-off places, see FENCES_PER_COUNT), every fence stays below 2^53, exact in a double
--- (Lua, JavaScript, JSON parsers) until about 2109.
-local FENCE_EPOCH_US = 1577836800000000
+-- The fence clock: the server's time (read before, see `read_clock`) in units of 10 µs since
+-- 2020-01-01, whole ms times 100. Times 32 (the local hand-off places, see FENCES_PER_COUNT),
+-- every fence stays below 2^53, exact in a double (Lua, JavaScript, JSON parsers) until about
+-- 2109.
+local FENCE_EPOCH_MS = 1577836800000
 local function fence_clock()
-  return math.floor((client_us() - FENCE_EPOCH_US) / 10)
+  return (clock - FENCE_EPOCH_MS) * 100
 end
 
 -- The lock's state, KEYS[2] (`{tag}:state`), a hash, one per lock whatever the release rate:
@@ -156,11 +161,10 @@ local function released(t, f, share)
 end
 
 -- The next fence for `holder` (state `st` as `state_of` read it), written to the state with
--- what goes with it, and its decimal text: max(counter + 1, fence clock). A new state starts
--- at the acquirer's clock, above every fence the expired one issued as long as no two
--- clients' clocks differ by more than its lifetime: its last fence was at most the clock of
--- its last acquirer plus the acquisitions that came faster than one per 10 µs, one lifetime
--- or more ago. `holder`: the token taking the lock (not a share), recorded as the latest
+-- what goes with it, and its decimal text: max(counter + 1, fence clock); the server's clock
+-- must have been read. A new state (first use, expired, or lost with the server's data)
+-- starts at the fence clock, above every fence the old one issued: those were at most the
+-- clock of its last acquisition plus the acquisitions that came faster than one per 10 µs. `holder`: the token taking the lock (not a share), recorded as the latest
 -- holder. `K`: the keys of the lock (KEYS unless given).
 local function next_fence(lease, retention, st, holder, K)
   K = K or KEYS
@@ -182,7 +186,7 @@ end
 -- without its release (it ran out), and is marked so.
 --
 -- KEYS[5] (`{lock}:owner`) gets the holder's identity beside the lock with the same PTTL:
--- "<acquired-at client ms>|<owner>", where `owner` is the client's text (see `owner_text`).
+-- "<acquired-at server ms>|<owner>", where `owner` is the client's text (see `owner_text`).
 local function take_lock(holder, lease, retention, owner, K, st)
   K = K or KEYS
   st = st or state_of(holder, K)
@@ -190,9 +194,10 @@ local function take_lock(holder, lease, retention, owner, K, st)
   if x and string.sub(x, 1, 1) == 'h' and string.sub(x, 2, 33) ~= holder then
     mark(string.sub(x, 2, 33), 'l', string.match(x, ':(%d+)$'), K)
   end
+  read_clock(K[5])
   local fence, text = next_fence(lease, retention, st, holder, K)
   redis.call('SET', K[1], holder .. ':' .. text, 'PX', lease)
-  redis.call('SET', K[5], string.format('%.0f', client_ms()) .. '|' .. owner_text(owner), 'PX', lease)
+  redis.call('SET', K[5], string.format('%.0f', clock) .. '|' .. owner_text(owner), 'PX', lease)
   return fence, text
 end
 
@@ -267,8 +272,8 @@ end
 -- Makes `holder` a shared holder of kind `kind` for `lease` ms with the next fence; returns the
 -- fence and its text.
 local function take_shared(holder, lease, retention, owner, kind)
+  local now = string.format('%.0f', now_ms())
   local fence, text = next_fence(lease, retention, state_of(holder))
-  local now = string.format('%.0f', client_ms())
   redis.call('ZADD', KEYS[6], string.format('%.0f', now_ms() + tonumber(lease)), holder)
   redis.call('HSET', KEYS[7], 'kind', kind, holder, text .. '|' .. now .. '|' .. owner_text(owner))
   keep_shared(lease, now_ms())

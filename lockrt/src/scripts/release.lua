@@ -35,6 +35,15 @@ if not owns(cur, token) then
   return not_holder(token, false, false)
 end
 local fence = string.sub(cur, 34)
+if ARGV[6] ~= '' and fence ~= ARGV[6] and not forced then
+  -- Taken again by this token after its lease ended (a request of it held up in the network):
+  -- nobody runs under it. It goes, and the lease this release is for was lost.
+  redis.call('DEL', KEYS[1], KEYS[5])
+  mark(token, 'l', ARGV[6])
+  local granted, stale = hand_over(ARGV[3], ARGV[4], token, nil, 0)
+  if granted == 0 and stale then redis.pcall('PUBLISH', ARGV[3], 'r') end
+  return {rid, 0}
+end
 local keep = tonumber(string.match(mode, '^k(%d+)$'))
 if keep then
   -- The kept lock is no longer this token's: its value's token becomes `kept_by`, so a renewal

@@ -16,7 +16,11 @@ end
 redis.call('ZREM', KEYS[6], token)
 local rec = redis.call('HGET', KEYS[7], token) or ''
 redis.call('HDEL', KEYS[7], token)
-if mode ~= 'b' then
+local lost = ARGV[6] ~= '' and string.match(rec, '^(%d+)') ~= ARGV[6]
+if lost then
+  -- Taken again by this token after its lease ended (see release.lua): gone, and a loss.
+  mark(token, 'l', ARGV[6])
+elseif mode ~= 'b' then
   record_release(token)
   if mode == 'a' then mark(token, 'a', string.match(rec, '^(%d+)')) end
 end
@@ -27,6 +31,10 @@ if kind and string.sub(kind, 1, 1) == 's' then
   granted, stale = hand_over(ARGV[3], ARGV[4], token, kind, tonumber(string.sub(kind, 2)) - held)
 elseif held == 0 and redis.call('EXISTS', KEYS[1]) == 0 then
   granted, stale = hand_over(ARGV[3], ARGV[4], token, nil, 0)
+end
+if lost then
+  if granted == 0 and stale then redis.pcall('PUBLISH', ARGV[3], 'r') end
+  return {rid, 0}
 end
 if granted > 0 then return {rid, 2} end
 if stale then redis.pcall('PUBLISH', ARGV[3], 'r') end

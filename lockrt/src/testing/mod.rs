@@ -39,9 +39,9 @@ pub use server::{LocalRedis, RedisServer};
 pub use tls::{RedisTlsServer, TlsMaterial};
 
 /// Shifts the clock this process sends with every script call by `offset_ms` (negative: behind),
-/// as a host whose clock is off would: the fence clock and acquired-at times come from it (the
-/// server's own clock decides leases of shared holders and waiters' registrations). For tests of
-/// clock skew; it applies to every `Locker` of the process.
+/// as a host whose clock is off would. The scripts only show that clock (a local hand-off's
+/// check time); fences and every deadline come from the server's clock, which tests of clock
+/// skew check with this. It applies to every `Locker` of the process.
 ///
 /// ```
 /// lockrt::testing::skew_clock(1_000); // one second ahead

@@ -335,8 +335,8 @@ impl RedisBackend {
             args: |c: &mut Cmd| {
                 for r in batch {
                     match r.key.kind.is_shared() {
-                        true => c.arg(format!("s{}", r.token.as_str())),
-                        false => c.arg(r.token.as_str()),
+                        true => c.arg(format!("s{}:{}", r.token.as_str(), r.counter)),
+                        false => c.arg(format!("{}:{}", r.token.as_str(), r.counter)),
                     };
                 }
                 for r in batch {
