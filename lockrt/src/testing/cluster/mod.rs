@@ -555,26 +555,45 @@ impl SlotMigration<'_> {
     }
 }
 
+/// Whether the server binary takes `--cluster-port` (Redis 7.0 and later, every Valkey): its
+/// `--version` names a major version of 7 or more.
+fn bus_port_option() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        let out = std::process::Command::new(super::process::redis_server_binary())
+            .arg("--version")
+            .output();
+        let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+        let major = text.ok().and_then(|t| {
+            let v = t.split("v=").nth(1)?;
+            v.split('.').next()?.parse::<u32>().ok()
+        });
+        major.is_none_or(|m| m >= 7)
+    })
+}
+
 /// A cluster node: a [`RedisServer`] in cluster mode with a bus port of its own choosing.
 fn start_node() -> io::Result<RedisServer> {
     let mut last = None;
     for _ in 0..BUS_PORT_ATTEMPTS {
         let bus = free_port()?.to_string();
         let timeout = NODE_TIMEOUT_MS.to_string();
-        let args = [
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
             "nodes.conf",
             "--cluster-node-timeout",
             &timeout,
-            "--cluster-port",
-            &bus,
             "--repl-diskless-sync",
             "yes",
             "--repl-diskless-sync-delay",
             "0",
         ];
+        // Redis 6.2 has no `--cluster-port`: its bus is the port + 10000 (taken: retried).
+        if bus_port_option() {
+            args.extend(["--cluster-port", &bus]);
+        }
         match RedisServer::start_with(&args) {
             Ok(server) => return Ok(server),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(e),
