@@ -518,30 +518,32 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     }
 }
 
-/// `text` with every run of four or more digits (ports, pids) as `N`, so that the same
-/// failure on two servers or two runs reads the same.
+/// `text` with every number of four or more digits standing alone (ports, pids; not one next
+/// to a letter, as in a script's SHA) as `N`, so that the same failure on two servers or two
+/// runs reads the same.
 fn normalized(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let alone = |c: Option<&char>| c.is_none_or(|c| !c.is_ascii_alphanumeric());
     let mut out = String::new();
-    let mut digits = String::new();
-    for c in text.chars() {
-        if c.is_ascii_digit() {
-            digits.push(c);
+    let mut i = 0;
+    while i < chars.len() {
+        let start = i;
+        while i < chars.len() && chars[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start {
+            out.push(chars[i]);
+            i += 1;
             continue;
         }
-        flush_digits(&mut out, &mut digits);
-        out.push(c);
+        let before = start.checked_sub(1).and_then(|j| chars.get(j));
+        if i - start >= 4 && alone(before) && alone(chars.get(i)) {
+            out.push('N');
+        } else {
+            out.extend(&chars[start..i]);
+        }
     }
-    flush_digits(&mut out, &mut digits);
     out
-}
-
-fn flush_digits(out: &mut String, digits: &mut String) {
-    if digits.len() >= 4 {
-        out.push('N');
-    } else {
-        out.push_str(digits);
-    }
-    digits.clear();
 }
 
 /// The list under the table: one line per server and error, with the tests that failed so.
@@ -1653,9 +1655,12 @@ test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; fini
             ]
         );
         assert_eq!(
-            normalized("v 6.2.14 at 127.0.0.1:6379"),
-            "v 6.2.14 at 127.0.0.1:N"
+            normalized("v 6.2.14 at 127.0.0.1:6379/"),
+            "v 6.2.14 at 127.0.0.1:N/"
         );
+        assert_eq!(normalized("pid 12345"), "pid N");
+        let sha = "script: 74ea73f3a2615dbee781ec54225d90a2d1475489, on @user_script:387.";
+        assert_eq!(normalized(sha), sha);
         let names: Vec<String> = (1..=5).map(|i| i.to_string()).collect();
         assert_eq!(some_of(&names[..3]), "1, 2, 3");
         assert_eq!(some_of(&names), "1, 2, 3 and 2 more");
