@@ -468,7 +468,7 @@ impl LockerBuilder {
 
     /// Connects to Redis. Fails within about the connect and response timeouts when the
     /// server is unreachable, with an error naming its address (never its password), and
-    /// refuses servers older than Redis 5.0 and, unless
+    /// refuses servers older than Redis 6.2 and, unless
     /// [`allow_eviction`](Self::allow_eviction), servers whose `maxmemory-policy` may evict
     /// a held lock (both with a permanent [`LockError::Backend`]).
     pub async fn build(self) -> Result<Locker, LockError> {

@@ -175,7 +175,8 @@ local function next_fence(lease, retention, st, holder, K)
   local args = {'HSET', K[2], 'n', text}
   if not st.b then args[#args + 1] = 'b'; args[#args + 1] = text end
   if holder then args[#args + 1] = 'x'; args[#args + 1] = 'h' .. holder .. ':' .. text end
-  redis.call(unpack(args))
+  -- (Lua 5.1 has `unpack`, 5.4 (Dragonfly) `table.unpack`.)
+  redis.call((table.unpack or unpack)(args))
   redis.call('PEXPIRE', K[2], string.format('%.0f', life))
   return fence, text
 end

@@ -1,5 +1,5 @@
 //! What a build checks on the server before it hands out a `Locker`: the version (the scripts
-//! need Redis 5.0 or newer, and a server says which it is to an ACL-restricted user too), and
+//! need Redis 6.2 or newer, and a server says which it is to an ACL-restricted user too), and
 //! the eviction policy ([`RedisBackend::check_eviction`]): a server that may evict keys under
 //! memory pressure can drop a held lock's key, and then a second owner takes the lock while
 //! the first still holds it. Only `noeviction` is safe; any other policy name, one of a
@@ -16,8 +16,8 @@ use super::connector::Conn;
 use super::link::Link;
 use crate::error::BackendError;
 
-/// The oldest server the scripts run on (`TIME` after writes needs effect replication).
-const MIN_VERSION: (u32, u32) = (5, 0);
+/// The oldest server the scripts run on: they read the server's clock with `SET … PXAT`.
+const MIN_VERSION: (u32, u32) = (6, 2);
 
 /// Refuses servers older than the scripts need, with a command an ACL-restricted user
 /// may run (`HELLO`; servers before 6.0 have no ACLs and answer `INFO`).
@@ -317,6 +317,6 @@ mod tests {
             version_in_info("# Server\r\nredis_version:4.0.9\r\n"),
             Some((4, 0))
         );
-        assert!((4, 0) < MIN_VERSION && (5, 0) >= MIN_VERSION);
+        assert!((6, 0) < MIN_VERSION && (6, 2) >= MIN_VERSION && (7, 0) >= MIN_VERSION);
     }
 }
