@@ -168,7 +168,9 @@ end
 -- holder. `K`: the keys of the lock (KEYS unless given).
 local function next_fence(lease, retention, st, holder, K)
   K = K or KEYS
-  local fence = math.max((st.n or 0) + 1, fence_clock())
+  -- A new state starts at the next whole ms: the clock is read in ms, and the old state's
+  -- last fences may have been issued in this one.
+  local fence = st.n and math.max(st.n + 1, fence_clock()) or fence_clock() + 100
   local life = math.max(tonumber(retention), 2 * tonumber(lease))
   -- '%.0f': plain concatenation would print a 16-digit fence as 1.79e+15 and lose digits.
   local text = string.format('%.0f', fence)
