@@ -402,6 +402,8 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         fetched.insert(i, f);
     }
 
+    // The code under test: read before the build, which may take minutes.
+    let revision = revision(&root);
     let binaries: &'static [TestBinary] = Box::leak(super::test_binaries()?.into_boxed_slice());
     let plan: Vec<&'static Entry> = PLAN.iter().filter(|e| !args.quick || e.quick).collect();
     let chosen = select(&plan, binaries, &root)?;
@@ -424,7 +426,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     }
     let outcomes = run_jobs(&jobs, &fetched, &logs);
 
-    let mut date = today();
+    let mut date = format!("{} at {revision}", today());
     for t in &args.skip {
         let _ = write!(date, " (`--skip {t}`)");
     }
@@ -656,6 +658,27 @@ fn today() -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|| "?".into())
+}
+
+/// The commit the tests are built from (`2e2cc73`), `+dirty` when tracked files differ from it.
+fn revision(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let Some(commit) = git(&["rev-parse", "--short=7", "HEAD"]) else {
+        return "an unknown commit".into();
+    };
+    match git(&["status", "--porcelain", "--untracked-files=no"]) {
+        Some(changes) if changes.is_empty() => format!("`{commit}`"),
+        _ => format!("`{commit}`+dirty"),
+    }
 }
 
 // ---- fetching -----------------------------------------------------------------------------
