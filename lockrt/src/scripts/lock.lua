@@ -274,9 +274,9 @@ end
 
 -- Makes `holder` a shared holder of kind `kind` for `lease` ms with the next fence; returns the
 -- fence and its text.
-local function take_shared(holder, lease, retention, owner, kind)
+local function take_shared(holder, lease, retention, owner, kind, st)
   local now = string.format('%.0f', now_ms())
-  local fence, text = next_fence(lease, retention, state_of(holder))
+  local fence, text = next_fence(lease, retention, st or state_of(holder))
   redis.call('ZADD', KEYS[6], string.format('%.0f', now_ms() + tonumber(lease)), holder)
   redis.call('HSET', KEYS[7], 'kind', kind, holder, text .. '|' .. now .. '|' .. owner_text(owner))
   keep_shared(lease, now_ms())

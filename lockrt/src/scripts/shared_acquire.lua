@@ -14,7 +14,8 @@
 local token, want = ARGV[2], ARGV[8]
 local sem = string.sub(want, 1, 1) == 's'
 
-if state_of(token).barred then
+local st = state_of(token)
+if st.barred then
   return {rid, 0, -4, counter()}
 end
 local refusal = refused(want)
@@ -74,4 +75,4 @@ if not ok then
   return {rid, 0, -3, counter()}
 end
 unqueue(token)
-return {rid, 1, (take_shared(token, ARGV[3], ARGV[4], ARGV[7], want))}
+return {rid, 1, (take_shared(token, ARGV[3], ARGV[4], ARGV[7], want, st))}
