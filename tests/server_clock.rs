@@ -195,6 +195,9 @@ async fn a_restart_without_data_with_a_host_clock_ahead_keeps_fences_and_losses(
         lockrt::testing::skew_clock(0);
         let first = first.unwrap();
         let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        // A restart takes longer than the server clock's resolution (1 ms), which orders the
+        // fences of a state lost and its successor; FLUSHALL is instant, so wait that out.
+        tokio::time::sleep(ms(2)).await;
         let next = b.acquire(key, long.write()).await.unwrap();
         assert!(
             next.fence() > first.fence(),
