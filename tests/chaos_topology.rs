@@ -1476,7 +1476,7 @@ fn chaos_topology_restart_without_persistence() {
 
 /// An operator in the test process calls `force_unlock` while sections run (5 times per
 /// seed): the lock goes to the next waiter, the old holder is revoked within milliseconds
-/// (an overlap of at most 300 ms, the bound `tests/force_revoke.rs` asserts) and reported lost.
+/// (an overlap of at most 300 ms, the bound `tests/semantics/force_revoke.rs` asserts) and reported lost.
 #[test]
 #[ignore = "chaos: force_unlock during sections; run with cargo xtask chaos"]
 fn chaos_topology_force_unlock() {

@@ -224,40 +224,48 @@ const fn filtered(
     }
 }
 
+/// An entry for the tests of one module (one file) of a test binary that holds several
+/// (`tests/semantics/`, `tests/topologies/`).
+macro_rules! module {
+    ($group:ident, $binary:literal, $module:literal, $quick:expr) => {
+        filtered(Group::$group, $binary, &[concat!($module, "::")], $quick)
+    };
+}
+
 /// The conformance suite. Left out, because what they check does not depend on the server
 /// build: the proxy and process faults (`faults_proxy`, `faults_network`, `faults_process`,
 /// `faults_runtime`, `sentinel_halfopen`), the examples, configuration, tracing, metrics, the
 /// UI tests and the long chaos tier.
 const PLAN: &[Entry] = &[
-    e(Group::Kinds, "mutual_exclusion", true),
-    e(Group::Kinds, "ownership", true),
-    e(Group::Kinds, "fencing", true),
-    e(Group::Kinds, "rw_lock", true),
-    e(Group::Kinds, "semaphore", true),
-    e(Group::Kinds, "multi_key", true),
+    module!(Kinds, "semantics", "mutual_exclusion", true),
+    module!(Kinds, "semantics", "ownership", true),
+    module!(Kinds, "semantics", "fencing", true),
+    module!(Kinds, "semantics", "rw_lock", true),
+    module!(Kinds, "semantics", "semaphore", true),
+    module!(Kinds, "semantics", "multi_key", true),
     e(Group::Kinds, "release_outcome", true),
-    e(Group::Kinds, "waiting", true),
-    e(Group::Kinds, "fair_queue", true),
-    e(Group::Kinds, "reentrancy", true),
-    e(Group::Kinds, "force_revoke", true),
-    e(Group::Kinds, "inspect", true),
-    e(Group::Kinds, "late_acquire", true),
-    e(Group::Kinds, "shutdown", true),
-    e(Group::Kinds, "unknown_outcome", true),
+    module!(Kinds, "semantics", "waiting", true),
+    module!(Kinds, "semantics", "fair_queue", true),
+    module!(Kinds, "semantics", "reentrancy", true),
+    module!(Kinds, "semantics", "force_revoke", true),
+    module!(Kinds, "semantics", "inspect", true),
+    module!(Kinds, "semantics", "late_acquire", true),
+    module!(Kinds, "semantics", "shutdown", true),
+    module!(Kinds, "semantics", "unknown_outcome", true),
     e(Group::Kinds, "eviction", true),
     e(Group::Kinds, "server_clock", false),
-    e(Group::Kinds, "min_hold", false),
-    e(Group::Kinds, "every", false),
-    e(Group::Kinds, "loss", false),
-    e(Group::Kinds, "grant_lease", false),
-    e(Group::Kinds, "watchdog", false),
-    e(Group::Kinds, "exit_paths", false),
-    e(Group::Kinds, "cancellation", false),
-    e(Group::Kinds, "key_hygiene", false),
-    e(Group::Kinds, "renewal_hedge", false),
-    e(Group::Kinds, "attr_behaviour", false),
-    e(Group::Kinds, "safety_regressions", false),
-    e(Group::Kinds, "handover_sync", false),
+    module!(Kinds, "semantics", "min_hold", false),
+    module!(Kinds, "semantics", "every", false),
+    module!(Kinds, "semantics", "loss", false),
+    module!(Kinds, "semantics", "grant_lease", false),
+    module!(Kinds, "semantics", "watchdog", false),
+    module!(Kinds, "semantics", "exit_paths", false),
+    module!(Kinds, "semantics", "cancellation", false),
+    module!(Kinds, "semantics", "key_hygiene", false),
+    module!(Kinds, "semantics", "renewal_hedge", false),
+    module!(Kinds, "semantics", "attr_behaviour", false),
+    module!(Kinds, "semantics", "safety_regressions", false),
+    module!(Kinds, "semantics", "handover_sync", false),
     e(Group::Kinds, "faults_server", false),
     e(Group::Kinds, "crossings", false),
     filtered(
@@ -266,14 +274,29 @@ const PLAN: &[Entry] = &[
         &["--exact", "chaos_mix_quick"],
         true,
     ),
-    e(Group::Cluster, "topology_cluster", true),
-    e(Group::Cluster, "topology_inspect", false),
-    e(Group::Cluster, "topology_cluster_faults", false),
-    filtered(Group::Cluster, "topology_servers", &["cluster_"], false),
-    e(Group::Sentinel, "topology_sentinel", true),
-    filtered(Group::Sentinel, "topology_servers", &["sentinel_"], false),
+    module!(Cluster, "topologies", "topology_cluster", true),
+    module!(Cluster, "topologies", "topology_inspect", false),
+    module!(Cluster, "topologies", "topology_cluster_faults", false),
+    filtered(
+        Group::Cluster,
+        "topologies",
+        &["topology_servers::cluster_"],
+        false,
+    ),
+    module!(Sentinel, "topologies", "topology_sentinel", true),
+    filtered(
+        Group::Sentinel,
+        "topologies",
+        &["topology_servers::sentinel_"],
+        false,
+    ),
     e(Group::Tls, "topology_tls", true),
-    filtered(Group::Tls, "topology_servers", &["tls_server_"], false),
+    filtered(
+        Group::Tls,
+        "topologies",
+        &["topology_servers::tls_server_"],
+        false,
+    ),
     e(Group::Acl, "topology_acl", true),
 ];
 
@@ -1296,11 +1319,9 @@ fn run_job(
         unreachable!("jobs are made for fetched servers only")
     };
     let dir = logs.join(SERVERS[job.server].name);
-    let filter = job
-        .entry
-        .args
-        .last()
-        .map_or(String::new(), |a| format!("-{a}"));
+    let filter = job.entry.args.last().map_or(String::new(), |a| {
+        format!("-{}", a.trim_end_matches("::").replace("::", "."))
+    });
     let log = dir.join(format!("{}{filter}{suffix}.log", job.binary.name));
     let fail = |trouble: String| Outcome {
         ok: false,
