@@ -111,9 +111,24 @@ struct TestBinary {
     dir: String,
 }
 
+/// Test binaries that hold the modules of many test files (`tests/semantics/`,
+/// `tests/topologies/`), and how many of their tests run at once: as many as a pair of
+/// one-file binaries would run (two each), plus what the files' waits leave the cores.
+const MERGED: [(&str, usize); 2] = [("semantics", 4), ("topologies", 3)];
+
 impl TestBinary {
     fn solo(&self) -> bool {
         SOLO.contains(&self.name.as_str())
+    }
+
+    /// Harness arguments: the test threads of a merged binary, none for the others (the
+    /// harness's default, one per core).
+    fn harness_args(&self) -> Vec<String> {
+        MERGED
+            .iter()
+            .find(|(name, _)| *name == self.name)
+            .map(|(_, n)| vec![format!("--test-threads={n}")])
+            .unwrap_or_default()
     }
 }
 
@@ -176,6 +191,7 @@ fn run_all(binaries: Vec<TestBinary>, at_once: usize) -> Vec<String> {
                     let Some(b) = next else { break };
                     let started = Instant::now();
                     let out = Command::new(&b.exe)
+                        .args(b.harness_args())
                         .current_dir(&b.dir)
                         .env("CARGO_MANIFEST_DIR", &b.dir)
                         .output();
