@@ -52,10 +52,11 @@ async fn wait_zero_makes_exactly_one_attempt() {
     let fx = support::Fx::redis();
     let holder = fx.locker().await;
     let waiter = fx.locker().await;
-    let _g = holder.acquire("one", opts()).await.unwrap();
     let mut conn = fx.conn().await;
-    // The holder's own subscription (forced unlocks) is not the waiter's.
-    support::until_listening_for_revocations(&mut conn, 1).await;
+    // The holder's subscription to forced unlocks, and the check it runs once listening, are
+    // not the waiter's: they are done before the count starts.
+    let _warm = support::warm_up(&holder, &mut conn).await;
+    let _g = holder.acquire("one", opts()).await.unwrap();
     let () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async(&mut conn)

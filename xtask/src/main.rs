@@ -23,6 +23,7 @@ fn main() -> ExitCode {
         "test" => test(rest),
         "chaos" => chaos(rest),
         "matrix" => matrix::run(rest),
+        "features" => features(),
         "setup" => ensure_redis_server(),
         _ => {
             eprintln!(
@@ -32,6 +33,7 @@ fn main() -> ExitCode {
                  (ARGS go to the test harness, e.g. a narrower name filter)\n  \
                  cargo xtask matrix [--only NAME] [--quick]   the conformance suite on each \
                  server of the README's compatibility table (fetched, pinned, cached)\n  \
+                 cargo xtask features       check lockrt with each connection feature alone\n  \
                  cargo xtask setup          install redis-server if missing (what CI runs first)"
             );
             return if cmd == "help" {
@@ -48,6 +50,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// lockrt checked with each connection feature alone (they change cfg'd code paths; clippy
+/// checks them all together, the UI tests build lockrt without features).
+fn features() -> Result<(), String> {
+    for feature in ["cluster", "sentinel", "tls"] {
+        println!("-- lockrt with {feature} alone");
+        cargo(
+            &["check", "--quiet", "-p", "lockrt", "--no-default-features"],
+            &["--features".to_owned(), feature.to_owned()],
+        )?;
+    }
+    Ok(())
 }
 
 fn demo(args: &[String]) -> Result<(), String> {
