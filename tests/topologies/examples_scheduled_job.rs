@@ -329,7 +329,10 @@ async fn kill_first_runner(
                 }
             }
             got = tokio::time::timeout_at(deadline, rx.recv()) => {
-                let (pid, line) = got.expect("within the limit").expect("printing");
+                let Ok(got) = got else {
+                    panic!("not done within the limit; victim {victim:?}, events {events:?}, logs {logs:?}")
+                };
+                let (pid, line) = got.expect("printing");
                 if line.starts_with("log") {
                     logs.push(line);
                     continue;

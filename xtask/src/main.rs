@@ -129,7 +129,7 @@ struct TestBinary {
 /// Test binaries that hold the modules of many test files (`tests/semantics/`,
 /// `tests/topologies/`), and how many of their tests run at once: as many as a pair of
 /// one-file binaries would run (two each), plus what the files' waits leave the cores.
-const MERGED: [(&str, usize); 2] = [("semantics", 4), ("topologies", 3)];
+const MERGED: [(&str, usize); 2] = [("semantics", 3), ("topologies", 3)];
 
 impl TestBinary {
     fn solo(&self) -> bool {
