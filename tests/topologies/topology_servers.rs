@@ -55,12 +55,15 @@ fn open(url: &str) -> redis::Connection {
     con
 }
 
+/// Whether `e` is a socket call cut off by a signal (`EINTR`). (redis-rs keeps the I/O error
+/// in an `Arc`, which is what its `source()` is.)
 fn interrupted(e: &redis::RedisError) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
     e.kind() == redis::ErrorKind::Io
         && std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<Shared>())
             .and_then(|s| s.downcast_ref::<std::io::Error>())
             .is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted)
-        || e.to_string().contains("Interrupted system call")
 }
 
 impl redis::ConnectionLike for Con {

@@ -49,6 +49,12 @@ pub(super) fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Re
 }
 
 /// [`query`] with a timeout of the caller's choosing (a `MIGRATE` of many keys takes longer).
+///
+/// A socket read with a timeout is not restarted after a signal (signal(7)), which the test
+/// process's other children cause: a command cut off by `EINTR` is sent again on a new
+/// connection, at most three times in all. Every command sent here may be sent twice (reads,
+/// `CLUSTER SETSLOT`, `MIGRATE` of keys that are gone by then, a `CLUSTER FAILOVER` that only
+/// starts one).
 pub(super) fn query_with<T: redis::FromRedisValue>(
     port: u16,
     cmd: &redis::Cmd,
@@ -56,10 +62,31 @@ pub(super) fn query_with<T: redis::FromRedisValue>(
 ) -> Result<T, String> {
     let fail = |e: redis::RedisError| format!("127.0.0.1:{port}: {e}");
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(fail)?;
-    let mut con = client.get_connection_with_timeout(timeout).map_err(fail)?;
-    con.set_read_timeout(Some(timeout)).map_err(fail)?;
-    con.set_write_timeout(Some(timeout)).map_err(fail)?;
-    cmd.query(&mut con).map_err(fail)
+    let once = || -> redis::RedisResult<T> {
+        let mut con = client.get_connection_with_timeout(timeout)?;
+        con.set_read_timeout(Some(timeout))?;
+        con.set_write_timeout(Some(timeout))?;
+        cmd.query(&mut con)
+    };
+    let mut res = once();
+    for _ in 0..2 {
+        match &res {
+            Err(e) if interrupted(e) => res = once(),
+            _ => break,
+        }
+    }
+    res.map_err(fail)
+}
+
+/// Whether `e` is a socket call cut off by a signal (`EINTR`). (redis-rs keeps the I/O error
+/// in an `Arc`, which is what its `source()` is.)
+fn interrupted(e: &redis::RedisError) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    e.kind() == redis::ErrorKind::Io
+        && std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<Shared>())
+            .and_then(|s| s.downcast_ref::<io::Error>())
+            .is_some_and(|io| io.kind() == io::ErrorKind::Interrupted)
 }
 
 /// Polls `probe` every 20 ms until it answers `Ok(Some(_))`, for at most `timeout`. `Err`
@@ -279,6 +306,22 @@ pub(super) fn tcp_open(port: u16) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_call_cut_off_by_a_signal_is_sent_again() {
+        // EINTR as a socket read returns it (Linux's errno 4), and as a kind.
+        for cut in [
+            io::Error::from_raw_os_error(4),
+            io::Error::from(io::ErrorKind::Interrupted),
+        ] {
+            let cut = redis::RedisError::from(cut);
+            assert!(interrupted(&cut), "{cut}");
+        }
+        let reset = redis::RedisError::from(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert!(!interrupted(&reset), "{reset}");
+        let timeout = redis::RedisError::from(io::Error::from(io::ErrorKind::TimedOut));
+        assert!(!interrupted(&timeout), "{timeout}");
+    }
 
     #[test]
     fn run_bounded_kills_a_command_that_overruns() {
