@@ -14,10 +14,11 @@ use support::topology::{Raw, assert_woken_promptly, figure, ms, ms_f, spawn_wait
 use tokio::time::Instant;
 
 /// The rules `ACL_HINT` documents (lockrt/src/backend/redis/diagnose.rs), for the default prefix.
-const RULES: &str = "~lock:* ~{lock:* &{lock:* +evalsha +eval +subscribe +unsubscribe +ping \
-                     +hello +wait +role +info +get +set +del +exists +pexpire +pexpireat +pttl \
-                     +hget +hmget +hset +hdel +hexists +hincrby +hlen +hgetall +zadd +zcard \
-                     +zrange +zrangebyscore +zrem +zscore +publish";
+const RULES: &str = "~lock:* ~{lock:* &{lock:* &lock:revoke:* +evalsha +eval +subscribe \
+                     +unsubscribe +ssubscribe +sunsubscribe +ping +hello +wait +role +info +get \
+                     +set +del +exists +pexpire +pexpireat +pttl +hget +hmget +hset +hdel \
+                     +hexists +hincrby +hlen +hgetall +zadd +zcard +zrange +zrangebyscore +zrem \
+                     +zscore +publish +spublish";
 
 /// Every log line of this test binary, at every level.
 static LOGS: LazyLock<LogBuf> = LazyLock::new(|| {

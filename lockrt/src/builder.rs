@@ -57,6 +57,8 @@ pub struct LockerBuilder {
     local_handoff: u32,
     /// Build on a server whose `maxmemory-policy` may evict a held lock (`allow_eviction`).
     allow_eviction: bool,
+    /// Sharded pub/sub on a Cluster that has it (`sharded_pubsub`).
+    sharded_pubsub: bool,
     /// What the error says when no server was given (`from_env` names its variables).
     missing_url: Option<&'static str>,
 }
@@ -72,6 +74,7 @@ impl fmt::Debug for LockerBuilder {
             .field("safety_margin", &self.safety_margin)
             .field("local_handoff", &self.local_handoff)
             .field("allow_eviction", &self.allow_eviction)
+            .field("sharded_pubsub", &self.sharded_pubsub)
             .finish_non_exhaustive()
     }
 }
@@ -94,6 +97,7 @@ impl Default for LockerBuilder {
             master_auth: None,
             local_handoff: DEFAULT_LOCAL_HANDOFF,
             allow_eviction: false,
+            sharded_pubsub: true,
             missing_url: None,
         }
     }
@@ -345,6 +349,22 @@ impl LockerBuilder {
         self
     }
 
+    /// Sharded pub/sub on a Redis Cluster (default `true`). On a Cluster of Redis 7.0 or
+    /// newer (or Valkey), release, hand-over and forced-unlock messages go out with
+    /// `SPUBLISH` and are heard with `SSUBSCRIBE` on the master of their lock's slot: each
+    /// costs work on one shard, where `PUBLISH` is forwarded to every node of the cluster.
+    /// `false` keeps `PUBLISH` (for a proxy in front of the cluster that does not pass shard
+    /// channels on). Older servers, standalone and Sentinel always use `PUBLISH`.
+    ///
+    /// ```
+    /// let broadcast = lockrt::Locker::builder().sharded_pubsub(false);
+    /// # let _ = broadcast;
+    /// ```
+    pub fn sharded_pubsub(mut self, on: bool) -> Self {
+        self.sharded_pubsub = on;
+        self
+    }
+
     /// The service name recorded beside every lock this locker holds (what `lockctl list`
     /// shows as `service@host`). Default: the executable's file name.
     ///
@@ -483,6 +503,7 @@ impl LockerBuilder {
                 .clamp(Duration::from_millis(1), MAX_TTL),
             sync: self.sync,
             owner: self.owner(&settings),
+            sharded_pubsub: self.sharded_pubsub,
         })
         .await?;
         backend.check_eviction(self.allow_eviction).await?;

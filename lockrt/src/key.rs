@@ -8,7 +8,7 @@
 //! or collide with an auxiliary name. This module must never let a raw user brace through.
 
 use std::fmt::{self, Display, Write as _};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::error::LockError;
 use crate::options::LockKind;
@@ -113,6 +113,15 @@ impl LockKey {
     /// inside the braces.
     pub(crate) fn revoke_channel(&self) -> String {
         format!("{{{}}}:revoke", self.prefix())
+    }
+
+    /// `<prefix>revoke:{<n>}`, `<n>` a number whose slot is the lock's: the revoke channel of
+    /// the lock's slot under sharded pub/sub, where a script may publish only on a channel of
+    /// its own slot (one channel per slot and prefix, so a locker listens on one per slot it
+    /// holds locks in). Never a lock's own channel: those end in `:rel`.
+    pub(crate) fn slot_revoke_channel(&self) -> String {
+        let slot = slot_of(self.lock().as_bytes());
+        format!("{}revoke:{{{}}}", self.prefix(), slot_tag(slot))
     }
 
     /// The key whose lock is Redis key `name` (as `SCAN` lists it) under `prefix`: the inverse
@@ -220,6 +229,32 @@ pub(crate) fn slot_of(key: &[u8]) -> u16 {
     crc16_xmodem(tagged) % 16384
 }
 
+/// The smallest number whose decimal text hashes to `slot`: a hash tag for that slot. The
+/// table of all 16,384 is built once, in a few ms (about 160,000 hashes: every slot is hit
+/// below 10^6, which a test checks).
+fn slot_tag(slot: u16) -> u32 {
+    static TAGS: OnceLock<Box<[u32]>> = OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags = vec![u32::MAX; 16384];
+        let mut left = tags.len();
+        let mut text = String::new();
+        for n in 0..1_000_000u32 {
+            text.clear();
+            let _ = write!(text, "{n}");
+            let s = usize::from(crc16_xmodem(text.as_bytes()) % 16384);
+            if tags[s] == u32::MAX {
+                tags[s] = n;
+                left -= 1;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        tags.into()
+    });
+    tags[usize::from(slot % 16384)]
+}
+
 fn crc16_xmodem(data: &[u8]) -> u16 {
     let mut crc: u16 = 0;
     for &b in data {
@@ -318,6 +353,29 @@ mod tests {
             // Never a lock's own channel: those have a non-empty key inside the braces.
             assert_ne!(key.revoke_channel(), key.channel().to_string());
             assert_eq!(tag_of_channel(&key.revoke_channel()), None);
+        }
+    }
+
+    #[test]
+    fn slot_revoke_channels_share_the_locks_slot() {
+        for slot in 0..16384u16 {
+            let tag = slot_tag(slot);
+            assert_ne!(tag, u32::MAX, "slot {slot} has no tag");
+            assert_eq!(slot_of(tag.to_string().as_bytes()), slot);
+        }
+        for (prefix, user) in [("lock:", "stock:1"), ("a:rel", "x{y}"), ("", "k")] {
+            let key = LockKey::new(prefix, user).unwrap();
+            let channel = key.slot_revoke_channel();
+            assert!(
+                channel.starts_with(&format!("{prefix}revoke:{{")),
+                "{channel}"
+            );
+            assert_eq!(
+                slot_of(channel.as_bytes()),
+                slot_of(key.lock().as_bytes()),
+                "{channel}"
+            );
+            assert_eq!(tag_of_channel(&channel), None);
         }
     }
 

@@ -7,11 +7,11 @@
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
-use lockrt::testing::{RedisServer, slot_of};
+use lockrt::testing::{RedisCluster, RedisServer, slot_of};
 use lockrt::{LockOptions, Locker};
+use support::topology::Raw;
 use support::{ms, opts};
 
 /// The quoted arguments of a `MONITOR` line, and whether the script engine ran it.
@@ -48,7 +48,7 @@ fn parse(line: &str) -> Option<(bool, Vec<String>)> {
 }
 
 /// Every path of every script, on two lockers.
-async fn workload(a: &Locker, b: &Locker, conn: &mut redis::aio::MultiplexedConnection) {
+async fn workload(a: &Locker, b: &Locker, raw: &mut Raw) {
     // Exclusive: a queued waiter handed the lock, a waiter that gives up, min_hold, renewals.
     let g = a.acquire("x", opts().ttl(ms(300))).await.unwrap();
     assert!(b.try_acquire("x", opts()).await.unwrap().is_none());
@@ -58,7 +58,7 @@ async fn workload(a: &Locker, b: &Locker, conn: &mut redis::aio::MultiplexedConn
         let b = b.clone();
         async move { b.acquire("x", opts().wait(ms(5_000))).await.map(drop) }
     });
-    support::until_queued(conn, "x", 1).await;
+    raw.until_queued("x", 1).await;
     tokio::time::sleep(ms(250)).await; // a renewal
     g.release().await.unwrap();
     waiter.await.unwrap().unwrap();
@@ -79,7 +79,7 @@ async fn workload(a: &Locker, b: &Locker, conn: &mut redis::aio::MultiplexedConn
                 .map(drop)
         }
     });
-    support::until_queued(conn, "rw", 1).await;
+    raw.until_queued("rw", 1).await;
     tokio::time::sleep(ms(250)).await;
     r1.release().await.unwrap();
     r2.release().await.unwrap();
@@ -95,7 +95,7 @@ async fn workload(a: &Locker, b: &Locker, conn: &mut redis::aio::MultiplexedConn
         let b = b.clone();
         async move { b.acquire("sem", sem.wait(ms(5_000))).await.map(drop) }
     });
-    support::until_queued(conn, "sem", 1).await;
+    raw.until_queued("sem", 1).await;
     p1.release().await.unwrap();
     third.await.unwrap().unwrap();
     p2.release().await.unwrap();
@@ -113,51 +113,100 @@ async fn workload(a: &Locker, b: &Locker, conn: &mut redis::aio::MultiplexedConn
     drop(reader);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scripts_touch_only_declared_keys_and_publish_in_their_slot() {
-    let server = RedisServer::start().expect("start redis-server");
-    let client = server.client();
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let monitor = client.get_async_monitor().await.unwrap();
-    let collect = tokio::spawn({
-        let lines = lines.clone();
-        async move {
-            let mut stream = monitor.into_on_message::<String>();
-            while let Some(line) = stream.next().await {
-                let end = line.contains("\"end-of-workload\"");
-                lines.lock().unwrap().push(line);
-                if end {
-                    break;
-                }
+/// `MONITOR`s node `client` from its "start-of-workload" marker (reported on `ready`) until
+/// its "end-of-workload" one: every line.
+fn monitor(
+    client: redis::Client,
+    ready: tokio::sync::oneshot::Sender<()>,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let monitor = client.get_async_monitor().await.unwrap();
+        let mut stream = monitor.into_on_message::<String>();
+        let mut ready = Some(ready);
+        let mut lines = Vec::new();
+        while let Some(line) = stream.next().await {
+            if line.contains("\"start-of-workload\"") {
+                ready.take().map(|r| r.send(()));
+            }
+            let end = line.contains("\"end-of-workload\"");
+            lines.push(line);
+            if end {
+                break;
             }
         }
-    });
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let (a, b) = (
-        Locker::connect(&server.url()).await.unwrap(),
-        Locker::connect(&server.url()).await.unwrap(),
-    );
-    workload(&a, &b, &mut conn).await;
-    let () = redis::cmd("ECHO")
-        .arg("end-of-workload")
-        .query_async::<String>(&mut conn)
-        .await
-        .map(drop)
-        .unwrap();
-    tokio::time::timeout(ms(5_000), collect)
-        .await
-        .unwrap()
-        .unwrap();
+        lines
+    })
+}
 
-    let lines = lines.lock().unwrap().clone();
+/// `ECHO marker` on node `node`.
+async fn mark(node: &redis::Client, marker: &str) {
+    let mut conn = node.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("ECHO")
+        .arg(marker)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// The workload on two lockers of `builder`, with every node in `nodes` monitored; the
+/// lines each node saw.
+async fn recorded(
+    nodes: &[redis::Client],
+    builder: impl Fn() -> lockrt::LockerBuilder,
+    mut raw: Raw,
+) -> Vec<Vec<String>> {
+    let mut monitors = Vec::new();
+    for node in nodes {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        monitors.push(monitor(node.clone(), tx));
+        // Sent until the monitor sees one: it may not be listening yet.
+        let mut listening = false;
+        for _ in 0..100 {
+            mark(node, "start-of-workload").await;
+            if tokio::time::timeout(ms(50), &mut rx).await.is_ok() {
+                listening = true;
+                break;
+            }
+        }
+        assert!(listening, "MONITOR never saw its start marker");
+    }
+    let (a, b) = (
+        builder().build().await.unwrap(),
+        builder().build().await.unwrap(),
+    );
+    workload(&a, &b, &mut raw).await;
+    let mut out = Vec::new();
+    for (node, monitor) in nodes.iter().zip(monitors) {
+        mark(node, "end-of-workload").await;
+        out.push(
+            tokio::time::timeout(ms(5_000), monitor)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// What the scripts did, as `MONITOR` recorded it.
+#[derive(Default)]
+struct Findings {
+    scripts: usize,
+    checked: usize,
+    inner: BTreeMap<String, usize>,
+    problems: Vec<String>,
+    /// Forced-unlock messages, and those on a channel outside the script's slot.
+    revokes: usize,
+    revokes_elsewhere: usize,
+}
+
+/// Checks one node's lines: each key a script touched was declared, each channel it
+/// published on is in its first key's slot (revoke channels counted apart).
+async fn check(lines: &[String], node: &redis::Client, found: &mut Findings) {
+    let mut conn = node.get_multiplexed_async_connection().await.unwrap();
     let mut declared: Vec<String> = Vec::new();
     let mut in_script = false;
-    let mut scripts = 0;
-    let mut inner = BTreeMap::<String, usize>::new();
-    let mut problems = Vec::new();
-    let mut revokes = 0;
-    let mut checked = 0;
-    for line in &lines {
+    for line in lines {
         let Some((lua, args)) = parse(line) else {
             continue;
         };
@@ -169,18 +218,20 @@ async fn scripts_touch_only_declared_keys_and_publish_in_their_slot() {
             if in_script {
                 let n: usize = args[2].parse().unwrap();
                 declared = args[3..3 + n].to_vec();
-                scripts += 1;
+                found.scripts += 1;
             }
             continue;
         }
         assert!(in_script, "a script command outside a script call: {line}");
-        *inner.entry(name.clone()).or_default() += 1;
+        *found.inner.entry(name.clone()).or_default() += 1;
         if name == "PUBLISH" || name == "SPUBLISH" {
             let channel = &args[1];
-            if channel.ends_with("}:revoke") {
-                revokes += 1;
-            } else if slot_of(channel) != slot_of(&declared[0]) {
-                problems.push(format!(
+            let elsewhere = slot_of(channel) != slot_of(&declared[0]);
+            if channel.contains("revoke") {
+                found.revokes += 1;
+                found.revokes_elsewhere += usize::from(elsewhere);
+            } else if elsewhere {
+                found.problems.push(format!(
                     "{channel} is not in the slot of {}: {line}",
                     declared[0]
                 ));
@@ -191,26 +242,45 @@ async fn scripts_touch_only_declared_keys_and_publish_in_their_slot() {
         getkeys.arg("GETKEYS").arg(&args);
         let keys: Vec<String> = getkeys.query_async(&mut conn).await.unwrap_or_default();
         for key in keys {
-            checked += 1;
+            found.checked += 1;
             if !declared.contains(&key) {
-                problems.push(format!("{key} not declared ({declared:?}): {line}"));
+                found
+                    .problems
+                    .push(format!("{key} not declared ({declared:?}): {line}"));
             }
         }
     }
+}
+
+/// The checks every topology passes; `publish`: the command the scripts publish with.
+fn assert_clean(found: &Findings, publish: &str) {
+    let Findings {
+        scripts,
+        checked,
+        inner,
+        problems,
+        revokes,
+        revokes_elsewhere,
+    } = found;
     println!(
         "FIGURE {scripts} script calls, {checked} keys checked, inner commands {inner:?}, \
-         {revokes} revocations"
+         {revokes} revocations ({revokes_elsewhere} outside the lock's slot)"
     );
     assert!(problems.is_empty(), "{problems:#?}");
-    assert!(scripts > 40, "the workload ran only {scripts} script calls");
-    assert!(checked > 200, "only {checked} keys were checked");
-    for cmd in ["HSET", "ZADD", "PUBLISH", "PTTL", "SET", "DEL", "HMGET"] {
+    assert!(
+        *scripts > 40,
+        "the workload ran only {scripts} script calls"
+    );
+    assert!(*checked > 200, "only {checked} keys were checked");
+    assert!(*revokes > 0, "no forced unlock was published");
+    for cmd in ["HSET", "ZADD", publish, "PTTL", "SET", "DEL", "HMGET"] {
         assert!(inner.contains_key(cmd), "no {cmd} seen: {inner:?}");
     }
     // Each command the scripts ran is one the documented ACL rules grant (README, Topologies;
     // `ACL_HINT`; tests/topology_acl.rs grants exactly those).
     let granted = "get set del exists pexpire pexpireat pttl hget hmget hset hdel hexists \
-                   hincrby hlen hgetall zadd zcard zrange zrangebyscore zrem zscore publish";
+                   hincrby hlen hgetall zadd zcard zrange zrangebyscore zrem zscore publish \
+                   spublish";
     for cmd in inner.keys() {
         let cmd = cmd.to_ascii_lowercase();
         assert!(
@@ -218,7 +288,54 @@ async fn scripts_touch_only_declared_keys_and_publish_in_their_slot() {
             "{cmd} is not in the ACL rules"
         );
     }
-    // Known gap (issue 28): a forced unlock tells the holder on `{<prefix>}:revoke`, another
-    // slot than the lock's, which services that treat PUBLISH in a script as SPUBLISH refuse.
-    assert!(revokes > 0);
+}
+
+/// One server: `PUBLISH`, and the revoke channel is the prefix's `{lock:}:revoke` (one
+/// server has no slots to respect; a cluster's is below).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_touch_only_declared_keys_and_publish_in_their_slot() {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    let raw = Raw::single(&url).await;
+    let nodes = [server.client()];
+    let lines = recorded(&nodes, || Locker::builder().url(url.clone()), raw).await;
+    let mut found = Findings::default();
+    check(&lines[0], &nodes[0], &mut found).await;
+    assert_clean(&found, "PUBLISH");
+    assert_eq!(
+        found.revokes, found.revokes_elsewhere,
+        "{{lock:}}:revoke on one server"
+    );
+}
+
+/// A Redis Cluster of 7.0+: `SPUBLISH` only, every channel in the script's own slot, the
+/// revoke channel too (what services that treat `PUBLISH` in a script as `SPUBLISH` need).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_every_channel_is_in_the_scripts_slot() {
+    let cluster = RedisCluster::start(3, 0).expect("start 3 masters");
+    let seeds = cluster.seed_urls();
+    let raw = Raw::cluster(&seeds).await;
+    let nodes: Vec<redis::Client> = (0..3).map(|i| cluster.client(i)).collect();
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut nodes[0].get_multiplexed_async_connection().await.unwrap())
+        .await
+        .unwrap();
+    let sharded = !info.contains("redis_version:6.");
+    let lines = recorded(&nodes, || Locker::builder().cluster(seeds.clone()), raw).await;
+    let mut found = Findings::default();
+    for (node, lines) in nodes.iter().zip(&lines) {
+        check(lines, node, &mut found).await;
+    }
+    if !sharded {
+        // Before 7.0: broadcast `PUBLISH`, whose channel may be anywhere.
+        assert_clean(&found, "PUBLISH");
+        return;
+    }
+    assert_clean(&found, "SPUBLISH");
+    assert!(!found.inner.contains_key("PUBLISH"), "{:?}", found.inner);
+    assert_eq!(
+        found.revokes_elsewhere, 0,
+        "a revoke channel outside the lock's slot"
+    );
 }

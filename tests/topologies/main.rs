@@ -20,4 +20,5 @@ mod topology_cluster_faults;
 mod topology_inspect;
 mod topology_sentinel;
 mod topology_servers;
+mod topology_sharded;
 mod unreachable;

@@ -277,6 +277,7 @@ const PLAN: &[Entry] = &[
     module!(Cluster, "topologies", "topology_cluster", true),
     module!(Cluster, "topologies", "topology_inspect", false),
     module!(Cluster, "topologies", "topology_cluster_faults", false),
+    module!(Cluster, "topologies", "topology_sharded", false),
     filtered(
         Group::Cluster,
         "topologies",

@@ -2,8 +2,9 @@
 -- Force-unlock: whoever holds KEYS[1] (KEYS and ARGV as in release.lua, ARGV[2] empty) is
 -- released exactly as its own release would: the owner key goes, the lock is handed to the
 -- longest live waiter and the hand-over published. The holder's token is published on the
--- revoke channel `{<prefix>}:revoke`, the last argument, which the holder's locker listens to
--- while it holds anything: it declares the lease lost at once. Published before release.lua's
+-- revoke channel, the last argument (`{<prefix>}:revoke`, or `<prefix>revoke:{<n>}` in the
+-- lock's slot when sharded), which the holder's locker listens to while it holds a lock
+-- there: it declares the lease lost at once. Published before release.lua's
 -- part runs, which is the same instant for everyone else (a script is atomic); denied (an ACL
 -- without that channel) or unheard, the holder's next renewal finds the lock not its own.
 -- A key held by readers or a semaphore's holders loses all of them, each revoked the same
@@ -15,7 +16,8 @@
 do
   forced = true
   local revoke = ARGV[#ARGV]
-  local heard = #ARGV > 6 and string.sub(revoke, -8) == '}:revoke'
+  local heard = #ARGV > 6 and (string.sub(revoke, -8) == '}:revoke'
+    or string.find(revoke, 'revoke:{', 1, true) ~= nil)
   local held = redis.call('GET', KEYS[1])
   if type(held) ~= 'string' or #held < 33 then
     if redis.call('EXISTS', KEYS[6]) == 0 or live_shared() == 0 then return {rid, 0} end

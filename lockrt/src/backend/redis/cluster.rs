@@ -1,12 +1,14 @@
 //! Redis Cluster (feature `cluster`): redis-rs's cluster connection, which routes every lock
-//! script to its key's slot (all names of one lock share a slot). Release messages use
-//! classic `PUBLISH`, which a cluster forwards to every node, so the subscriber listens on
-//! any one node and moves to the next when that node fails.
+//! script to its key's slot (all names of one lock share a slot). Release messages go out
+//! sharded (`SPUBLISH`, heard over a cluster connection of their own) on Redis 7+, or with
+//! classic `PUBLISH`, which a cluster forwards to every node, so that subscriber listens on
+//! any one node and moves to the next when that node fails (see `wire.rs`).
 
 use redis::aio::ConnectionLike;
-use redis::cluster::ClusterClient;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, ConnectionAddr, Value};
+use tokio::sync::mpsc;
 
 use crate::backend::redis::client::client;
 use crate::backend::redis::settings::{Timeouts, TlsFiles};
@@ -19,6 +21,10 @@ const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (10, 200);
 /// A cluster's client, and one client per seed to subscribe on.
 pub(crate) struct Cluster {
     client: ClusterClient,
+    /// The client's settings, for sharded pub/sub connections (each with its own pushes).
+    seeds: Vec<String>,
+    tls: TlsFiles,
+    timeouts: Timeouts,
     /// One client per seed, to subscribe on (any node hears every release message).
     nodes: Vec<Client>,
 }
@@ -40,23 +46,11 @@ impl Cluster {
                 "a cluster needs at least one seed URL",
             )));
         }
-        // Redirections and TRYAGAIN (a slot in migration) are retried by redis-rs, a few times
-        // and within milliseconds: its default waits at least 1.28 s per retry, longer than a
-        // response may take here (the response timeout also bounds the retries).
-        #[allow(unused_mut)]
-        let mut builder = ClusterClient::builder(seeds.iter().map(String::as_str))
-            .connection_timeout(timeouts.connect)
-            .response_timeout(timeouts.response)
-            .retries(CLUSTER_RETRIES)
-            .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
-            .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1)
-            .retry_wait_formula(CLUSTER_RETRY_WAIT_MS.0, 2);
-        #[cfg(feature = "tls")]
-        if !tls.is_empty() {
-            builder = builder.certs(crate::backend::redis::client::certificates(tls));
-        }
         Ok(Cluster {
-            client: builder.build()?,
+            client: builder(seeds, tls, timeouts).build()?,
+            seeds: seeds.to_vec(),
+            tls: tls.clone(),
+            timeouts,
             nodes,
         })
     }
@@ -64,6 +58,19 @@ impl Cluster {
     /// A new cluster connection (many node connections, with a fresh slot map).
     pub(crate) async fn connect(&self) -> redis::RedisResult<ClusterConnection> {
         self.client.get_async_connection().await
+    }
+
+    /// A new RESP3 cluster connection for shard channels, and the pushes it receives
+    /// (messages, confirmations, and a disconnection notice per lost node connection).
+    pub(crate) async fn sharded_pubsub(
+        &self,
+    ) -> redis::RedisResult<(ClusterConnection, mpsc::UnboundedReceiver<redis::PushInfo>)> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let client = builder(&self.seeds, &self.tls, self.timeouts)
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(tx)
+            .build()?;
+        Ok((client.get_async_connection().await?, rx))
     }
 
     /// The node to subscribe on in reconnection `round`: the next one after a failure.
@@ -109,6 +116,26 @@ impl Cluster {
             .into_iter()
             .collect()
     }
+}
+
+/// A cluster client's settings for these seeds.
+fn builder(seeds: &[String], tls: &TlsFiles, timeouts: Timeouts) -> ClusterClientBuilder {
+    // Redirections and TRYAGAIN (a slot in migration) are retried by redis-rs, a few times
+    // and within milliseconds: its default waits at least 1.28 s per retry, longer than a
+    // response may take here (the response timeout also bounds the retries).
+    let builder = ClusterClient::builder(seeds.iter().map(String::as_str))
+        .connection_timeout(timeouts.connect)
+        .response_timeout(timeouts.response)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
+        .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1)
+        .retry_wait_formula(CLUSTER_RETRY_WAIT_MS.0, 2);
+    #[cfg(feature = "tls")]
+    if !tls.is_empty() {
+        return builder.certs(crate::backend::redis::client::certificates(tls));
+    }
+    let _ = tls;
+    builder
 }
 
 /// The `(host, port)` of each slot range's master in a `CLUSTER SLOTS` reply.

@@ -161,6 +161,24 @@ impl Connector {
         }
     }
 
+    /// A cluster connection for shard channels (RESP3), with the pushes it receives:
+    /// `SSUBSCRIBE` goes to each channel's slot master (see `wire.rs`).
+    #[cfg(feature = "cluster")]
+    pub(crate) async fn sharded_pubsub(
+        &self,
+    ) -> redis::RedisResult<(
+        redis::cluster_async::ClusterConnection,
+        tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+    )> {
+        match self {
+            Connector::Cluster(c) => c.sharded_pubsub().await,
+            _ => Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "sharded pub/sub needs a cluster",
+            ))),
+        }
+    }
+
     /// Whether requests may go out without asking the Sentinels first: always, but under
     /// Sentinel only while a Sentinel named the current master within the last second (the
     /// watcher's `PING`s keep that true while it hears its Sentinel).

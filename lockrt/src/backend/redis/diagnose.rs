@@ -14,11 +14,11 @@ use crate::error::BackendError;
 /// the version, `WAIT` for `sync_replicas`, `ROLE` which redis-rs asks a Sentinel-named
 /// master), and every command the scripts run (Redis checks those against the user too).
 /// Keep in step with `scripts/*.lua`; `tests/topology_acl.rs` grants exactly this.
-pub(crate) const ACL_HINT: &str = "grant the user `~lock:* ~{lock:* &{lock:* +evalsha +eval \
-     +subscribe +unsubscribe +ping +hello +wait +role +info` and the commands the scripts run, \
-     `+get +set +del +exists +pexpire +pexpireat +pttl +hget +hmget +hset +hdel +hexists \
-     +hincrby +hlen +hgetall +zadd +zcard +zrange +zrangebyscore +zrem +zscore +publish` (with \
-     your prefix instead of `lock:`)";
+pub(crate) const ACL_HINT: &str = "grant the user `~lock:* ~{lock:* &{lock:* &lock:revoke:* \
+     +evalsha +eval +subscribe +unsubscribe +ssubscribe +sunsubscribe +ping +hello +wait +role \
+     +info` and the commands the scripts run, `+get +set +del +exists +pexpire +pexpireat +pttl \
+     +hget +hmget +hset +hdel +hexists +hincrby +hlen +hgetall +zadd +zcard +zrange \
+     +zrangebyscore +zrem +zscore +publish +spublish` (with your prefix instead of `lock:`)";
 
 /// A scrubbed error for the server at `addr`; `cluster`: it came through a cluster
 /// connection.

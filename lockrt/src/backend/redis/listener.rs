@@ -13,8 +13,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -22,7 +20,10 @@ use super::connector::Connector;
 use super::diagnose::diagnose;
 use super::notice::notice;
 use super::revoke::Revocations;
-use crate::backend::contract::Events;
+#[cfg(feature = "cluster")]
+use super::wire::Shards;
+use super::wire::{Delivery, Incoming, Wire};
+use crate::backend::contract::{Events, Notice};
 use crate::error::BackendError;
 use crate::key::{channel_of, tag_of_channel};
 
@@ -54,13 +55,15 @@ pub(crate) struct Remote {
     pub(crate) timeout: Duration,
     /// The passwords, to scrub from messages.
     pub(crate) secrets: Vec<String>,
+    /// How messages travel (chosen at build, see `wire.rs`).
+    pub(crate) delivery: Delivery,
 }
 
 /// One thing the task reacts to.
 enum Event {
     Cmd(Option<SubCmd>),
     LingerEnded,
-    Message(Option<redis::Msg>),
+    Incoming(Option<Incoming>),
     Reconnect,
     /// The Sentinels named another master: this connection may be on the demoted one.
     MasterSwitched,
@@ -73,7 +76,7 @@ enum Event {
 pub(crate) struct Task {
     remote: Arc<Remote>,
     events: Weak<dyn Events>,
-    conn: Option<(PubSubSink, PubSubStream)>,
+    conn: Option<Wire>,
     subscribed: HashSet<Arc<str>>,
     lingering: HashMap<Arc<str>, Instant>,
     reconnect_at: Option<Instant>,
@@ -137,12 +140,9 @@ impl Task {
                     self.subscribe_revoke(&channel).await;
                 }
                 Event::LingerEnded => self.on_linger_ended().await,
-                Event::Message(Some(msg)) => {
-                    self.heard = Instant::now();
-                    self.on_message(&msg);
-                }
+                Event::Incoming(Some(incoming)) => self.on_incoming(incoming).await,
                 Event::Silent => self.on_silent().await,
-                Event::Message(None) => {
+                Event::Incoming(None) => {
                     tracing::warn!(addr = %self.remote.addr, "lost the pub/sub connection; reconnecting");
                     self.reset(Instant::now());
                 }
@@ -171,12 +171,12 @@ impl Task {
             cmd = rx.recv() => Event::Cmd(cmd),
             () = switched(switches) => Event::MasterSwitched,
             () = sleep_until(linger_end) => Event::LingerEnded,
-            msg = async {
+            incoming = async {
                 match conn.as_mut() {
-                    Some((_, stream)) => stream.next().await,
+                    Some(wire) => wire.next().await,
                     None => std::future::pending().await,
                 }
-            } => Event::Message(msg),
+            } => Event::Incoming(incoming),
             () = sleep_until(reconnect_at) => Event::Reconnect,
             () = sleep_until(ping_at) => Event::Silent,
         }
@@ -191,19 +191,67 @@ impl Task {
         res.map_err(|m| self.error(m))
     }
 
-    fn on_message(&self, msg: &redis::Msg) {
-        if self.revoke_subscribed.contains(msg.get_channel_name()) {
-            if let Ok(token) = std::str::from_utf8(msg.get_payload_bytes()) {
+    async fn on_incoming(&mut self, incoming: Incoming) {
+        match incoming {
+            Incoming::Message { channel, payload } => {
+                if self.conn.as_ref().is_some_and(Wire::one_connection) {
+                    self.heard = Instant::now();
+                }
+                self.on_message(&channel, &payload);
+            }
+            Incoming::Resubscribed(channel) => {
+                if self.revoke_subscribed.contains(&*channel) {
+                    self.revocations.resubscribed();
+                } else if let Some(tag) = tag_of_channel(&channel) {
+                    self.retry(tag);
+                }
+            }
+            Incoming::Dropped(channel) => self.on_dropped(&channel).await,
+            // redis-rs reconnects the node and resubscribes its channels (`Resubscribed`
+            // follows); what was published before is missed either way.
+            Incoming::NodeLost => self.missed(),
+            Incoming::Nothing => {}
+        }
+    }
+
+    fn on_message(&self, channel: &str, payload: &[u8]) {
+        if self.revoke_subscribed.contains(channel) {
+            if let Ok(token) = std::str::from_utf8(payload) {
                 self.revocations.revoke(token);
             }
             return;
         }
-        if let (Some(tag), Some(events)) = (
-            tag_of_channel(msg.get_channel_name()),
-            self.events.upgrade(),
-        ) {
-            events.message(tag, notice(msg.get_payload_bytes(), Instant::now()));
+        if let (Some(tag), Some(events)) = (tag_of_channel(channel), self.events.upgrade()) {
+            events.message(tag, notice(payload, Instant::now()));
         }
+    }
+
+    /// The waiters of the lock with this tag retry now (a message may have been missed).
+    fn retry(&self, tag: &str) {
+        if let Some(events) = self.events.upgrade() {
+            events.message(tag, Notice::Released);
+        }
+    }
+
+    /// The server unsubscribed `channel` (its slot moved to another shard): subscribed again
+    /// where the slot is now, when it is still wanted, and its waiters retry.
+    async fn on_dropped(&mut self, channel: &str) {
+        if let Some(revoke) = self.revoke_subscribed.take(channel) {
+            self.subscribe_revoke(&revoke).await;
+            return;
+        }
+        let Some(tag) = tag_of_channel(channel).and_then(|t| self.subscribed.take(t)) else {
+            return;
+        };
+        if self.lingering.remove(&tag).is_some() {
+            return;
+        }
+        tracing::debug!(addr = %self.remote.addr, channel, "shard channel moved; subscribing where its slot is now");
+        if self.subscribe(&tag).await.is_err() {
+            self.reconnect_at
+                .get_or_insert(Instant::now() + RECONNECT_DELAY);
+        }
+        self.retry(&tag);
     }
 
     /// Unsubscribes channels whose linger ended and that still have no listener.
@@ -225,10 +273,11 @@ impl Task {
             if wanted.contains(&tag) || !self.subscribed.remove(&tag) {
                 continue;
             }
-            let Some((sink, _)) = self.conn.as_mut() else {
+            let Some(wire) = self.conn.as_mut() else {
                 continue;
             };
-            let res = tokio::time::timeout(self.remote.timeout, sink.unsubscribe(channel_of(&tag)));
+            let channel = channel_of(&tag).to_string();
+            let res = tokio::time::timeout(self.remote.timeout, wire.unsubscribe(&channel));
             if !matches!(res.await, Ok(Ok(()))) {
                 // The connection is unusable: reconnect and resubscribe what is wanted.
                 self.reset(Instant::now());
@@ -250,10 +299,10 @@ impl Task {
             if !self.revoke_subscribed.remove(&channel) {
                 continue;
             }
-            let Some((sink, _)) = self.conn.as_mut() else {
+            let Some(wire) = self.conn.as_mut() else {
                 continue;
             };
-            let res = tokio::time::timeout(self.remote.timeout, sink.unsubscribe(&*channel));
+            let res = tokio::time::timeout(self.remote.timeout, wire.unsubscribe(&channel));
             if !matches!(res.await, Ok(Ok(()))) {
                 self.reset(Instant::now());
                 return;
@@ -276,10 +325,10 @@ impl Task {
                 .get_or_insert(Instant::now() + RECONNECT_DELAY);
             return;
         }
-        let Some((sink, _)) = self.conn.as_mut() else {
+        let Some(wire) = self.conn.as_mut() else {
             return;
         };
-        match tokio::time::timeout(self.remote.timeout, sink.subscribe(&**channel)).await {
+        match tokio::time::timeout(self.remote.timeout, wire.subscribe(channel)).await {
             Ok(Ok(())) => {
                 self.revoke_subscribed.insert(channel.clone());
                 self.heard = Instant::now();
@@ -306,10 +355,10 @@ impl Task {
 
     /// `PING` on a silent connection; no answer in time replaces it.
     async fn on_silent(&mut self) {
-        let Some((sink, _)) = self.conn.as_mut() else {
+        let Some(wire) = self.conn.as_mut() else {
             return;
         };
-        let pong = tokio::time::timeout(self.remote.timeout, sink.ping::<redis::Value>());
+        let pong = tokio::time::timeout(self.remote.timeout, wire.ping());
         match pong.await {
             // An error reply (an ACL without `+ping`) is an answer too.
             Ok(Ok(_)) => {}
@@ -384,8 +433,9 @@ impl Task {
         if self.conn.is_none() {
             self.connect().await?;
         }
-        let (sink, _) = self.conn.as_mut().expect("connected above");
-        let res = tokio::time::timeout(self.remote.timeout, sink.subscribe(channel_of(tag))).await;
+        let wire = self.conn.as_mut().expect("connected above");
+        let channel = channel_of(tag).to_string();
+        let res = tokio::time::timeout(self.remote.timeout, wire.subscribe(&channel)).await;
         match res {
             Ok(Ok(())) => {
                 self.subscribed.insert(tag.clone());
@@ -410,18 +460,27 @@ impl Task {
         let round = self.round;
         self.round = self.round.wrapping_add(1);
         let connector = self.remote.connector.clone();
+        let delivery = self.remote.delivery;
         let connect = async move {
-            connector
+            #[cfg(feature = "cluster")]
+            if delivery == Delivery::Sharded {
+                let (conn, pushes) = connector.sharded_pubsub().await?;
+                return Ok(Wire::Sharded(Shards::new(conn, pushes)));
+            }
+            let _ = delivery;
+            let (sink, stream) = connector
                 .pubsub_client(round)
                 .await?
                 .get_async_pubsub()
-                .await
+                .await?
+                .split();
+            Ok(Wire::Broadcast(sink, stream))
         };
-        let ps = tokio::time::timeout(self.remote.timeout, connect)
+        let wire = tokio::time::timeout(self.remote.timeout, connect)
             .await
             .map_err(|_| SubError::Timeout("pub/sub connection not established"))?
             .map_err(SubError::Redis)?;
-        self.conn = Some(ps.split());
+        self.conn = Some(wire);
         self.heard = Instant::now();
         // Anything published before this connection existed was missed.
         self.missed();

@@ -22,6 +22,7 @@ pub(crate) use scripts::CLOCK_OFFSET_US;
 mod sentinel;
 pub(crate) mod settings;
 mod version;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,12 +31,14 @@ use redis::{Cmd, Value};
 
 use self::connector::{Conn, Connector};
 use self::link::Link;
+use self::listener::Remote;
 use self::pubsub::Subscriber;
 use self::scripts::{
     ACQUIRE, ACQUIRE_ALL, Call, FORCE, INSPECT, RELEASE, RENEW, SHARED_ACQUIRE, SHARED_RELEASE,
     Scripts, ints, lock_keys, per_lease,
 };
 use self::settings::{RedisSettings, Timeouts, TlsFiles, Topology};
+use self::wire::Delivery;
 use crate::backend::contract::{
     Attempt, LockState, Queueing, Released, Renewal, Renewed, SharedState, Token, kind_code,
     millis, parse_kind,
@@ -77,6 +80,7 @@ pub(crate) struct RedisBackend {
     scripts: Scripts,
     subscriber: Subscriber,
     owner: String,
+    delivery: Delivery,
 }
 
 impl RedisBackend {
@@ -90,37 +94,40 @@ impl RedisBackend {
             fence_retention,
             sync,
             owner,
+            sharded_pubsub,
         } = settings;
         let wait = sync.map_or(Duration::ZERO, |s| s.timeout);
         let addr = topology.describe();
         let connector = Arc::new(connector(topology, &tls, timeouts, wait)?);
         let secrets = connector.secrets();
-        let subscriber = Subscriber::new(
-            connector.clone(),
-            addr.clone(),
-            timeouts.connect.saturating_add(timeouts.response),
-            secrets.clone(),
-        );
         let link = Arc::new(Link::new(
             connector.clone(),
             addr.clone(),
-            secrets,
+            secrets.clone(),
             timeouts,
             wait,
         ));
-        let backend = RedisBackend {
+        let (mut conn, _) = link.conn().await?;
+        let version = version::check_version(&mut conn, &link).await?;
+        let delivery = Delivery::for_server(connector.is_cluster(), version, sharded_pubsub);
+        let subscriber = Subscriber::new(Remote {
+            connector: connector.clone(),
+            addr: addr.clone(),
+            timeout: timeouts.connect.saturating_add(timeouts.response),
+            secrets,
+            delivery,
+        });
+        Ok(RedisBackend {
             connector,
             addr,
             timeouts,
             fence_retention,
             link: link.clone(),
-            scripts: Scripts::new(link, sync),
+            scripts: Scripts::new(link, sync, delivery),
             subscriber,
             owner,
-        };
-        let (mut conn, _) = backend.link.conn().await?;
-        version::check_version(&mut conn, &backend.link).await?;
-        Ok(backend)
+            delivery,
+        })
     }
 
     pub(crate) fn addr(&self) -> &str {
@@ -426,7 +433,7 @@ impl RedisBackend {
                 };
                 if token.is_none() {
                     // force.lua's last argument: where the holder's locker hears of it.
-                    c.arg(key.revoke_channel());
+                    c.arg(self.delivery.revoke_channel(key));
                 }
             },
         };

@@ -4,15 +4,13 @@
 //! skips a round trip). While anything is subscribed, a connection silent for `KEEPALIVE` is
 //! asked `PING`, so a half-open one is replaced within about a second.
 //!
-//! The task is in `listener.rs`, the revocation bookkeeping it shares with this handle in
-//! `revoke.rs`.
+//! The task is in `listener.rs` (its connection in `wire.rs`), the revocation bookkeeping it
+//! shares with this handle in `revoke.rs`.
 
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::connector::Connector;
 use super::listener::{Remote, SubCmd, Task};
 use super::revoke::Revocations;
 use crate::backend::contract::{Events, Holders};
@@ -22,13 +20,13 @@ use crate::key::LockKey;
 /// One held lease's interest in its revoke channel; dropping it ends the interest.
 pub(crate) struct Held {
     sub: Subscriber,
-    prefix: Arc<str>,
+    channel: Arc<str>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // No message: the task sweeps for prefixes nobody holds under (see `revoke.rs`).
-        self.sub.inner.revocations.unhold(&self.prefix);
+        // No message: the task sweeps for channels nobody holds with (see `revoke.rs`).
+        self.sub.inner.revocations.unhold(&self.channel);
     }
 }
 
@@ -46,20 +44,10 @@ struct Inner {
 }
 
 impl Subscriber {
-    pub(crate) fn new(
-        connector: Arc<Connector>,
-        addr: String,
-        timeout: Duration,
-        secrets: Vec<String>,
-    ) -> Subscriber {
+    pub(crate) fn new(remote: Remote) -> Subscriber {
         Subscriber {
             inner: Arc::new(Inner {
-                remote: Arc::new(Remote {
-                    connector,
-                    addr,
-                    timeout,
-                    secrets,
-                }),
+                remote: Arc::new(remote),
                 events: OnceLock::new(),
                 tx: Mutex::new(None),
                 revocations: Arc::default(),
@@ -97,20 +85,21 @@ impl Subscriber {
         self.inner.revocations.attach(holders);
     }
 
-    /// Listens on the revoke channel of `key`'s prefix while the returned [`Held`] lives
+    /// Listens on the revoke channel of `key` while the returned [`Held`] lives
     /// (subscribing in the background when it is the first). Nothing waits for the
     /// subscription: until it is in place, a revocation is found by the renewal.
     pub(crate) fn hold(&self, key: &LockKey) -> Held {
-        let (prefix, announce) = self.inner.revocations.hold(key);
+        let wanted = self.inner.remote.delivery.revoke_channel(key);
+        let (channel, announce) = self.inner.revocations.hold(&wanted);
         if let Some(channel) = announce {
             self.send(SubCmd::Hold(channel));
         } else if !self.task_alive() {
-            // The task ended with its runtime: a new one, told every held prefix, listens.
-            self.send(SubCmd::Hold(key.revoke_channel().into()));
+            // The task ended with its runtime: a new one, told every held channel, listens.
+            self.send(SubCmd::Hold(channel.clone()));
         }
         Held {
             sub: self.clone(),
-            prefix,
+            channel,
         }
     }
 

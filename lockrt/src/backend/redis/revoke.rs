@@ -1,15 +1,16 @@
 //! Revocation bookkeeping of the subscriber (`pubsub.rs`): which revoke channels the
 //! locker's held leases want, and which lease monitors hear of a revoked token.
 //!
-//! While its locker holds any lock, the task also listens on the revoke channel
-//! `{<prefix>}:revoke` (`LockKey::revoke_channel`; no lock's own channel can have that name, a key is
-//! never empty): a forced unlock publishes there the token it took the lock from, and the task
-//! hands it to the lease monitors ([`Holders`]), which declare that lease lost at once. One
-//! subscription per locker, made in the background when it takes its first lock and kept
-//! `LINGER` after its last. After a lost connection, the monitors renew every lease as soon as
-//! the channel is subscribed again (a revocation may have been published meanwhile); a message
-//! missed otherwise (not yet subscribed right after the first lock, an ACL without the
-//! channel) leaves the loss to the holder's next renewal.
+//! While its locker holds any lock, the task also listens on the lock's revoke channel
+//! (`Delivery::revoke_channel`: `{<prefix>}:revoke` when broadcast, one per slot and prefix
+//! when sharded; no lock's own channel can have such a name): a forced unlock publishes
+//! there the token it took the lock from, and the task hands it to the lease monitors
+//! ([`Holders`]), which declare that lease lost at once. One subscription per channel, made
+//! in the background when the locker takes its first lock there and kept `LINGER` after its
+//! last. After a lost connection, the monitors renew every lease as soon as the channel is
+//! subscribed again (a revocation may have been published meanwhile); a message missed
+//! otherwise (not yet subscribed right after the first lock, an ACL without the channel)
+//! leaves the loss to the holder's next renewal.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -18,11 +19,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::contract::Holders;
-use crate::key::LockKey;
 
-/// A prefix's revoke channel, how many leases are held under it, and whether the task has
-/// been told to listen on it (`announced`) and since when no lease is held under it.
-struct Prefix {
+/// A revoke channel, how many leases are held with it, and whether the task has been told to
+/// listen on it (`announced`) and since when no lease is held with it.
+struct Channel {
     channel: Arc<str>,
     held: usize,
     announced: bool,
@@ -31,18 +31,18 @@ struct Prefix {
 
 /// Who holds locks and who is told of revocations, shared by the handle and the task.
 ///
-/// Taking and releasing a lock under an announced prefix only counts, under a mutex: no
+/// Taking and releasing a lock with an announced channel only counts, under a mutex: no
 /// message to the task and no wake-up of it (one per acquisition and one per release used to
-/// cost the uncontended path two cross-thread wake-ups). The task finds the prefixes nobody
+/// cost the uncontended path two cross-thread wake-ups). The task finds the channels nobody
 /// holds under any more by sweeping ([`Revocations::sweep`]) while it listens to any.
 #[derive(Default)]
 pub(crate) struct Revocations {
-    held: Mutex<HashMap<Arc<str>, Prefix>>,
+    held: Mutex<HashMap<Arc<str>, Channel>>,
     holders: Mutex<Vec<Weak<dyn Holders>>>,
 }
 
 impl Revocations {
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Prefix>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Channel>> {
         // Only counters and flags change under it: a panic can't leave it torn.
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -94,12 +94,11 @@ impl Revocations {
         }
     }
 
-    /// One more lease held under `key`'s prefix: the prefix as kept here, and its revoke
-    /// channel when the task has not been told to listen on it (the channel to announce).
-    pub(crate) fn hold(&self, key: &LockKey) -> (Arc<str>, Option<Arc<str>>) {
-        let prefix = key.prefix();
+    /// One more lease held with revoke channel `channel`: the channel as kept here, and the
+    /// channel again when the task has not been told to listen on it (the one to announce).
+    pub(crate) fn hold(&self, channel: &str) -> (Arc<str>, Option<Arc<str>>) {
         let mut held = self.table();
-        if let Some(p) = held.get_key_value(prefix).map(|(p, _)| p.clone()) {
+        if let Some(p) = held.get_key_value(channel).map(|(p, _)| p.clone()) {
             let entry = held.get_mut(&*p).expect("found above");
             entry.held += 1;
             entry.idle_since = None;
@@ -107,23 +106,22 @@ impl Revocations {
             entry.announced = true;
             return (p, announce);
         }
-        let p: Arc<str> = prefix.into();
-        let channel: Arc<str> = key.revoke_channel().into();
-        let entry = Prefix {
+        let channel: Arc<str> = channel.into();
+        let entry = Channel {
             channel: channel.clone(),
             held: 1,
             announced: true,
             idle_since: None,
         };
-        held.insert(p.clone(), entry);
-        (p, Some(channel))
+        held.insert(channel.clone(), entry);
+        (channel.clone(), Some(channel))
     }
 
-    /// One lease fewer under `prefix`; the task unsubscribes its channel `linger` after the
-    /// last one went (see [`Revocations::sweep`]).
-    pub(crate) fn unhold(&self, prefix: &str) {
+    /// One lease fewer with revoke channel `channel`; the task unsubscribes it `linger`
+    /// after the last one went (see [`Revocations::sweep`]).
+    pub(crate) fn unhold(&self, channel: &str) {
         let mut held = self.table();
-        if let Some(entry) = held.get_mut(prefix) {
+        if let Some(entry) = held.get_mut(channel) {
             entry.held = entry.held.saturating_sub(1);
             if entry.held == 0 {
                 entry.idle_since = Some(Instant::now());
@@ -156,6 +154,7 @@ impl Revocations {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::LockKey;
 
     #[tokio::test(start_paused = true)]
     async fn a_prefix_is_announced_once_and_swept_a_linger_after_its_last_lease() {
@@ -163,10 +162,10 @@ mod tests {
         let key = LockKey::new("app", "a").unwrap();
         let other = LockKey::new("app", "b").unwrap();
         let linger = Duration::from_millis(500);
-        let (prefix, announce) = r.hold(&key);
+        let (prefix, announce) = r.hold(&key.revoke_channel());
         assert_eq!(announce.as_deref(), Some(&*key.revoke_channel()));
         // Same prefix: counted, no message to the task.
-        assert!(r.hold(&other).1.is_none());
+        assert!(r.hold(&other.revoke_channel()).1.is_none());
         r.unhold(&prefix);
         r.unhold(&prefix);
         assert_eq!(r.wanted().len(), 1, "lingering channels stay wanted");
@@ -175,7 +174,7 @@ mod tests {
         assert_eq!(next, Some(Instant::now() + linger));
         // Held again within the linger: still announced, nothing to send.
         tokio::time::advance(linger / 2).await;
-        assert!(r.hold(&key).1.is_none());
+        assert!(r.hold(&key.revoke_channel()).1.is_none());
         tokio::time::advance(linger).await;
         let (due, next) = r.sweep(Instant::now(), linger);
         assert!(due.is_empty(), "a held prefix is never swept");
@@ -186,7 +185,7 @@ mod tests {
         assert_eq!(due, vec![Arc::from(key.revoke_channel())]);
         assert!(next.is_none() && r.wanted().is_empty());
         // After the sweep, the next lease announces the channel again.
-        assert!(r.hold(&key).1.is_some());
+        assert!(r.hold(&key.revoke_channel()).1.is_some());
         assert_eq!(r.reannounce().len(), 1);
     }
 }

@@ -25,6 +25,7 @@ use redis::{Cmd, RedisError, RedisWrite, Script, ToRedisArgs, Value};
 use super::connector::Conn;
 use super::link::Link;
 use super::settings::SyncReplicas;
+use super::wire::Delivery;
 use crate::backend::contract::{Renewed, millis};
 use crate::error::BackendError;
 use crate::key::{Aux, LockKey, slot_of};
@@ -32,16 +33,48 @@ use crate::key::{Aux, LockKey, slot_of};
 /// Functions the scripts share (`owns`, `take_lock`, the request id), prepended to each.
 const PRELUDE: &str = include_str!("../../scripts/lock.lua");
 
-/// A script's text and SHA1.
+/// A script's text and SHA1, as it publishes with `PUBLISH` and with `SPUBLISH` (sharded
+/// delivery, see `wire.rs`).
 pub(crate) struct Lua {
+    broadcast: Text,
+    sharded: Text,
+}
+
+struct Text {
     code: String,
     hash: String,
 }
 
+impl Text {
+    fn new(code: String) -> Text {
+        let hash = Script::new(&code).get_hash().to_owned();
+        Text { code, hash }
+    }
+}
+
+impl Lua {
+    fn text(&self, delivery: Delivery) -> &Text {
+        match delivery {
+            Delivery::Broadcast => &self.broadcast,
+            Delivery::Sharded => &self.sharded,
+        }
+    }
+
+    /// The script's source for `delivery`.
+    #[cfg(test)]
+    pub(crate) fn code(&self, delivery: Delivery) -> &str {
+        &self.text(delivery).code
+    }
+}
+
 fn lua(body: &str) -> Lua {
     let code = [PRELUDE, body].concat();
-    let hash = Script::new(&code).get_hash().to_owned();
-    Lua { code, hash }
+    // Every publication is written `redis.pcall('PUBLISH', …)`: a test checks it.
+    let sharded = code.replace("'PUBLISH'", "'SPUBLISH'");
+    Lua {
+        broadcast: Text::new(code),
+        sharded: Text::new(sharded),
+    }
 }
 
 pub(crate) static ACQUIRE: LazyLock<Lua> =
@@ -145,11 +178,16 @@ static NEXT_RID: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct Scripts {
     link: Arc<Link>,
     sync: Option<SyncReplicas>,
+    delivery: Delivery,
 }
 
 impl Scripts {
-    pub(crate) fn new(link: Arc<Link>, sync: Option<SyncReplicas>) -> Scripts {
-        Scripts { link, sync }
+    pub(crate) fn new(link: Arc<Link>, sync: Option<SyncReplicas>, delivery: Delivery) -> Scripts {
+        Scripts {
+            link,
+            sync,
+            delivery,
+        }
     }
 
     /// Whether a write counts only once replicas acknowledged it (`sync_replicas`).
@@ -183,6 +221,7 @@ impl Scripts {
     ) -> Result<Reply, BackendError> {
         let rid = NEXT_RID.fetch_add(1, Ordering::Relaxed);
         let sync = self.sync.filter(|_| wait);
+        let script = script.text(self.delivery);
         let cmd = script_cmd("EVALSHA", &script.hash, rid, &call);
         let mut res = self.send(&mut conn, sync, cmd).await;
         if res.as_ref().is_err_and(is_noscript) {
@@ -359,5 +398,40 @@ mod tests {
         let text = String::from_utf8(args).unwrap();
         assert!(text.contains("$20\r\n{lock:stock:1}:state\r\n"), "{text:?}");
         assert!(text.contains("$16\r\n{lock:stock:1}:q\r\n"), "{text:?}");
+    }
+
+    #[test]
+    fn sharded_scripts_publish_with_spublish_only() {
+        let all = [
+            &*ACQUIRE,
+            &*RENEW,
+            &*RELEASE,
+            &*SHARED_ACQUIRE,
+            &*SHARED_RELEASE,
+            &*ACQUIRE_ALL,
+            &*INSPECT,
+            &*FORCE,
+        ];
+        let mut publishing = 0;
+        for script in all {
+            let broadcast = script.code(Delivery::Broadcast);
+            let sharded = script.code(Delivery::Sharded);
+            // Every publication is written one way, so the rewrite finds each.
+            let calls = broadcast.matches("'PUBLISH'").count();
+            assert_eq!(calls, broadcast.matches("redis.pcall('PUBLISH', ").count());
+            assert!(!broadcast.to_ascii_uppercase().contains("\"PUBLISH\""));
+            assert_eq!(calls, sharded.matches("redis.pcall('SPUBLISH', ").count());
+            assert!(!sharded.contains("'PUBLISH'"));
+            publishing += usize::from(calls > 0);
+            assert_ne!(
+                (calls > 0).then_some(&script.broadcast.hash),
+                Some(&script.sharded.hash)
+            );
+        }
+        assert_eq!(
+            publishing,
+            all.len(),
+            "the prelude publishes, so every script does"
+        );
     }
 }

@@ -117,6 +117,8 @@ pub(crate) struct RedisSettings {
     pub(crate) sync: Option<SyncReplicas>,
     /// This locker's identity, written beside every lock it takes (`crate::inspect`).
     pub(crate) owner: String,
+    /// Sharded pub/sub where the server has it (see `wire.rs`).
+    pub(crate) sharded_pubsub: bool,
 }
 
 /// No Sentinel confirmed the master: why, and the last Sentinel's error (a TLS or

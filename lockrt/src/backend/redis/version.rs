@@ -20,8 +20,12 @@ use crate::error::BackendError;
 const MIN_VERSION: (u32, u32) = (6, 2);
 
 /// Refuses servers older than the scripts need, with a command an ACL-restricted user
-/// may run (`HELLO`; servers before 6.0 have no ACLs and answer `INFO`).
-pub(crate) async fn check_version(conn: &mut Conn, link: &Link) -> Result<(), BackendError> {
+/// may run (`HELLO`; servers before 6.0 have no ACLs and answer `INFO`); the version, when
+/// the server said it.
+pub(crate) async fn check_version(
+    conn: &mut Conn,
+    link: &Link,
+) -> Result<Option<(u32, u32)>, BackendError> {
     let hello: Result<Value, RedisError> = redis::cmd("HELLO").arg(2).query_async(conn).await;
     let version = match hello {
         Ok(v) => version_in_hello(&v),
@@ -44,7 +48,7 @@ pub(crate) async fn check_version(conn: &mut Conn, link: &Link) -> Result<(), Ba
             ),
         )
         .permanent()),
-        _ => Ok(()),
+        v => Ok(v),
     }
 }
 

@@ -1,0 +1,331 @@
+//! Sharded pub/sub on a Redis Cluster (7.0+): releases, hand-overs and forced unlocks are
+//! published with `SPUBLISH` in their lock's slot and heard with `SSUBSCRIBE` on that slot's
+//! master, following the slot when it moves; and what that saves: the cluster-bus messages
+//! each release costs on each node, sharded against broadcast `PUBLISH`, in one run.
+
+use crate::support;
+
+use std::time::Duration;
+
+use lockrt::testing::{RedisCluster, slot_of};
+use lockrt::{LockOptions, Locker};
+use support::topology::{Raw, assert_woken_promptly, figure, ms, spawn_waiter, within};
+use tokio::time::Instant;
+
+async fn locker(cluster: &RedisCluster, sharded: bool) -> Locker {
+    Locker::builder()
+        .cluster(cluster.seed_urls())
+        .sharded_pubsub(sharded)
+        .build()
+        .await
+        .expect("connect")
+}
+
+/// Whether the cluster's servers have sharded pub/sub (Redis 7.0 or newer, or Valkey).
+async fn has_shard_channels(cluster: &RedisCluster) -> bool {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut node(cluster, 0).await)
+        .await
+        .expect("INFO");
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .and_then(|v| v.split('.').next()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    version >= 7
+}
+
+/// The tests that need shard channels say why they end early on an older server.
+fn older_server(case: &str) {
+    figure(
+        case,
+        "not run: the server has no sharded pub/sub (before 7.0)",
+    );
+}
+
+/// A user key whose lock master `master` serves now.
+fn key_on(cluster: &RedisCluster, master: usize, stem: &str) -> String {
+    let lock = cluster
+        .key_on(master, &format!("lock:{stem}"))
+        .expect("a key on the master");
+    lock["lock:".len()..].to_owned()
+}
+
+async fn node(cluster: &RedisCluster, index: usize) -> redis::aio::MultiplexedConnection {
+    cluster
+        .client(index)
+        .get_multiplexed_async_connection()
+        .await
+        .expect("node connection")
+}
+
+/// Subscribers of shard channel `channel` on node `index`.
+async fn shard_subscribers(cluster: &RedisCluster, index: usize, channel: &str) -> i64 {
+    let reply: Vec<redis::Value> = redis::cmd("PUBSUB")
+        .arg("SHARDNUMSUB")
+        .arg(channel)
+        .query_async(&mut node(cluster, index).await)
+        .await
+        .expect("PUBSUB SHARDNUMSUB");
+    match reply.get(1) {
+        Some(redis::Value::Int(n)) => *n,
+        _ => 0,
+    }
+}
+
+/// A field `<name>:<n>` of `CLUSTER INFO` or `INFO`, or a command's `calls=` in
+/// `INFO commandstats` (`cmdstat_<cmd>`), on node `index`; 0 when absent.
+async fn counter(cluster: &RedisCluster, index: usize, name: &str) -> u64 {
+    let mut c = node(cluster, index).await;
+    let text: String = if name.starts_with("cluster_") {
+        redis::cmd("CLUSTER").arg("INFO").query_async(&mut c).await
+    } else {
+        redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+    }
+    .expect("INFO");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim_start_matches("calls="))
+        .and_then(|v| v.split([',', '\r']).next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// One queued waiter handed `key` by a release: served promptly (by the message).
+async fn handed_over(holder: &Locker, waiter: &Locker, raw: &mut Raw, key: &str) -> Duration {
+    let g = holder
+        .acquire(key, LockOptions::new().ttl(ms(30_000)))
+        .await
+        .unwrap();
+    let w = spawn_waiter(waiter, key, ms(10_000));
+    raw.until_queued(key, 1).await;
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let (got, res) = w.await.unwrap();
+    res.expect("the waiter is served").release().await.unwrap();
+    got.saturating_duration_since(released)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_hear_releases_on_their_slots_master_and_nothing_is_broadcast() {
+    let cluster = RedisCluster::start(3, 0).expect("start 3 masters");
+    let (holder, waiter) = (locker(&cluster, true).await, locker(&cluster, true).await);
+    let mut raw = Raw::cluster(&cluster.seed_urls()).await;
+    // Before 7.0 the locker falls back to broadcast `PUBLISH`, and waiters are served alike.
+    let sharded = has_shard_channels(&cluster).await;
+    for master in 0..3 {
+        let key = key_on(&cluster, master, "sharded");
+        let g = holder.acquire(&key, LockOptions::new()).await.unwrap();
+        let w = spawn_waiter(&waiter, &key, ms(10_000));
+        raw.until_queued(&key, 1).await;
+        let channel = format!("{{lock:{key}}}:rel");
+        // The waiter subscribes around its first attempt, not necessarily before it queues.
+        let heard = within(ms(5_000), async || {
+            !sharded || shard_subscribers(&cluster, master, &channel).await == 1
+        });
+        assert!(
+            heard.await.is_some(),
+            "no subscriber of {channel} on {master}"
+        );
+        for index in (0..3).filter(|_| sharded) {
+            let n = shard_subscribers(&cluster, index, &channel).await;
+            assert_eq!(n, i64::from(index == master), "node {index}, {channel}");
+        }
+        let released = Instant::now();
+        g.release().await.unwrap();
+        let (got, res) = w.await.unwrap();
+        res.expect("served").release().await.unwrap();
+        assert_woken_promptly(got.saturating_duration_since(released));
+    }
+    for index in 0..3 {
+        let spublish = counter(&cluster, index, "cmdstat_spublish").await;
+        let publish = counter(&cluster, index, "cmdstat_publish").await;
+        let bus = counter(&cluster, index, "cluster_stats_messages_publish_received").await;
+        if sharded {
+            assert!(spublish > 0, "node {index} ran no SPUBLISH");
+            assert_eq!(
+                (publish, bus),
+                (0, 0),
+                "node {index}: PUBLISH, bus messages"
+            );
+        } else {
+            assert!(
+                publish > 0 && bus > 0,
+                "node {index}: {publish} PUBLISH, {bus} on the bus"
+            );
+        }
+    }
+}
+
+/// The slot of a waiter's lock moves to another master: the server unsubscribes its shard
+/// channel, the subscriber subscribes it again where the slot is now, and the release that
+/// follows still wakes the waiter at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_shard_channel_follows_its_slot_to_another_master() {
+    let cluster = RedisCluster::start(3, 0).expect("start 3 masters");
+    if !has_shard_channels(&cluster).await {
+        return older_server("a_waiters_shard_channel_follows_its_slot_to_another_master");
+    }
+    let (holder, waiter) = (locker(&cluster, true).await, locker(&cluster, true).await);
+    let mut raw = Raw::cluster(&cluster.seed_urls()).await;
+    let key = key_on(&cluster, 0, "moving");
+    let slot = slot_of(format!("lock:{key}"));
+    let channel = format!("{{lock:{key}}}:rel");
+    let g = holder
+        .acquire(&key, LockOptions::new().ttl(ms(30_000)))
+        .await
+        .unwrap();
+    let w = spawn_waiter(&waiter, &key, ms(20_000));
+    raw.until_queued(&key, 1).await;
+    assert_eq!(shard_subscribers(&cluster, 0, &channel).await, 1);
+    let moved = cluster.migrate_slot(slot, 1).expect("migrate the slot");
+    assert!(moved > 0, "the lock's keys moved");
+    let followed = within(ms(5_000), async || {
+        shard_subscribers(&cluster, 1, &channel).await == 1
+    })
+    .await;
+    figure(
+        "a_waiters_shard_channel_follows_its_slot_to_another_master",
+        format!("{moved} keys moved; subscribed on the new master after {followed:?}"),
+    );
+    assert!(
+        followed.is_some(),
+        "never subscribed on the slot's new master"
+    );
+    assert_eq!(shard_subscribers(&cluster, 0, &channel).await, 0);
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let (got, res) = w.await.unwrap();
+    res.expect("the waiter is served").release().await.unwrap();
+    assert_woken_promptly(got.saturating_duration_since(released));
+}
+
+/// A forced unlock names the holder's token on its slot's revoke channel, which the
+/// holder's locker listens to on that slot's master: the holder learns of it long before its
+/// next renewal (a third of a 30 s lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_unlock_reaches_the_holder_on_its_slots_revoke_channel() {
+    let cluster = RedisCluster::start(3, 0).expect("start 3 masters");
+    if !has_shard_channels(&cluster).await {
+        return older_server("a_forced_unlock_reaches_the_holder_on_its_slots_revoke_channel");
+    }
+    let (holder, admin) = (locker(&cluster, true).await, locker(&cluster, true).await);
+    for master in 0..3 {
+        let key = key_on(&cluster, master, "forced");
+        let g = holder
+            .acquire(&key, LockOptions::new().ttl(ms(30_000)))
+            .await
+            .unwrap();
+        let lock = format!("lock:{key}");
+        let revoke = within(ms(5_000), async || {
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("SHARDCHANNELS")
+                .arg("lock:revoke:*")
+                .query_async(&mut node(&cluster, master).await)
+                .await
+                .unwrap_or_default();
+            channels
+                .iter()
+                .any(|c| slot_of(c.as_bytes()) == slot_of(lock.as_bytes()))
+        })
+        .await;
+        if revoke.is_none() {
+            for index in 0..3 {
+                let all: Vec<String> = redis::cmd("PUBSUB")
+                    .arg("SHARDCHANNELS")
+                    .query_async(&mut node(&cluster, index).await)
+                    .await
+                    .unwrap_or_default();
+                eprintln!("node {index}: {all:?}");
+            }
+        }
+        assert!(
+            revoke.is_some(),
+            "no revoke channel of the lock's slot on {master}"
+        );
+        let forced = Instant::now();
+        assert!(admin.force_unlock(&key).await.unwrap());
+        let told = within(ms(3_000), async || g.is_lost()).await;
+        assert!(told.is_some(), "the holder on master {master} was not told");
+        assert!(forced.elapsed() < ms(3_000));
+    }
+    for index in 0..3 {
+        let bus = counter(&cluster, index, "cluster_stats_messages_publish_received").await;
+        assert_eq!(bus, 0, "node {index} received broadcast messages");
+    }
+}
+
+/// Cluster-bus pub/sub messages each node receives per release with a waiter, on 3 masters
+/// with a replica each: broadcast `PUBLISH` reaches all other five nodes, `SPUBLISH` only the
+/// lock's shard (its replica). Both in one run, the same workload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bus_traffic_per_release_sharded_against_broadcast() {
+    let cluster = RedisCluster::start(3, 1).expect("start 3 masters with replicas");
+    if !has_shard_channels(&cluster).await {
+        return older_server("bus_traffic_per_release_sharded_against_broadcast");
+    }
+    let releases = 30;
+    let keys: Vec<String> = (0..releases)
+        .map(|i| key_on(&cluster, i % 3, &format!("bus{i}-")))
+        .collect();
+    let mut raw = Raw::cluster(&cluster.seed_urls()).await;
+    let mut per_node = Vec::new();
+    for sharded in [false, true] {
+        let (holder, waiter) = (
+            locker(&cluster, sharded).await,
+            locker(&cluster, sharded).await,
+        );
+        let mut before = Vec::new();
+        for index in 0..cluster.len() {
+            before.push(bus_received(&cluster, index).await);
+        }
+        for key in &keys {
+            let handoff = handed_over(&holder, &waiter, &mut raw, key).await;
+            assert_woken_promptly(handoff);
+        }
+        let mut received = Vec::new();
+        for (index, before) in before.iter().enumerate() {
+            received.push(bus_received(&cluster, index).await - before);
+        }
+        per_node.push(received);
+    }
+    let per_release = |v: &[u64]| {
+        v.iter()
+            .map(|n| format!("{:.2}", *n as f64 / releases as f64))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (broadcast, sharded) = (&per_node[0], &per_node[1]);
+    figure(
+        "bus_traffic_per_release_sharded_against_broadcast",
+        format!(
+            "pub/sub bus messages received per release with a waiter, nodes 0-5 (3 masters, \
+             then their replicas): broadcast {} (total {:.2}); sharded {} (total {:.2})",
+            per_release(broadcast),
+            broadcast.iter().sum::<u64>() as f64 / releases as f64,
+            per_release(sharded),
+            sharded.iter().sum::<u64>() as f64 / releases as f64,
+        ),
+    );
+    let total = |v: &[u64]| v.iter().sum::<u64>();
+    // Broadcast: every other node hears each message; sharded: at most the shard's replica.
+    assert!(total(broadcast) >= 5 * releases as u64, "{broadcast:?}");
+    assert!(total(sharded) <= releases as u64 * 2, "{sharded:?}");
+    for (master, heard) in sharded.iter().enumerate().take(3) {
+        assert_eq!(*heard, 0, "master {master} heard another shard's messages");
+    }
+}
+
+/// Pub/sub messages node `index` received over the cluster bus (broadcast and sharded).
+async fn bus_received(cluster: &RedisCluster, index: usize) -> u64 {
+    counter(cluster, index, "cluster_stats_messages_publish_received").await
+        + counter(
+            cluster,
+            index,
+            "cluster_stats_messages_publishshard_received",
+        )
+        .await
+}
