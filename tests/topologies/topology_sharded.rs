@@ -74,6 +74,20 @@ async fn shard_subscribers(cluster: &RedisCluster, index: usize, channel: &str) 
     }
 }
 
+/// Waits (bounded) until node `index` has `n` subscribers of shard channel `channel`; how
+/// long that took.
+async fn until_shard_subscribers(
+    cluster: &RedisCluster,
+    index: usize,
+    channel: &str,
+    n: i64,
+) -> Option<Duration> {
+    within(ms(5_000), async || {
+        shard_subscribers(cluster, index, channel).await == n
+    })
+    .await
+}
+
 /// A field `<name>:<n>` of `CLUSTER INFO` or `INFO`, or a command's `calls=` in
 /// `INFO commandstats` (`cmdstat_<cmd>`), on node `index`; 0 when absent.
 async fn counter(cluster: &RedisCluster, index: usize, name: &str) -> u64 {
@@ -180,13 +194,15 @@ async fn a_waiters_shard_channel_follows_its_slot_to_another_master() {
         .unwrap();
     let w = spawn_waiter(&waiter, &key, ms(20_000));
     raw.until_queued(&key, 1).await;
-    assert_eq!(shard_subscribers(&cluster, 0, &channel).await, 1);
+    // The waiter subscribes around its first attempt, not necessarily before it queues.
+    let subscribed = until_shard_subscribers(&cluster, 0, &channel, 1).await;
+    assert!(
+        subscribed.is_some(),
+        "no subscriber of {channel} on master 0"
+    );
     let moved = cluster.migrate_slot(slot, 1).expect("migrate the slot");
     assert!(moved > 0, "the lock's keys moved");
-    let followed = within(ms(5_000), async || {
-        shard_subscribers(&cluster, 1, &channel).await == 1
-    })
-    .await;
+    let followed = until_shard_subscribers(&cluster, 1, &channel, 1).await;
     figure(
         "a_waiters_shard_channel_follows_its_slot_to_another_master",
         format!("{moved} keys moved; subscribed on the new master after {followed:?}"),
@@ -286,9 +302,18 @@ async fn bus_traffic_per_release_sharded_against_broadcast() {
             let handoff = handed_over(&holder, &waiter, &mut raw, key).await;
             assert_woken_promptly(handoff);
         }
-        let mut received = Vec::new();
-        for (index, before) in before.iter().enumerate() {
-            received.push(bus_received(&cluster, index).await - before);
+        // The bus delivers after the script returned: read until two reads 50 ms apart agree.
+        let mut received: Vec<u64> = Vec::new();
+        for _ in 0..40 {
+            let mut now = Vec::new();
+            for (index, before) in before.iter().enumerate() {
+                now.push(bus_received(&cluster, index).await - before);
+            }
+            if now == received {
+                break;
+            }
+            received = now;
+            tokio::time::sleep(ms(50)).await;
         }
         per_node.push(received);
     }
