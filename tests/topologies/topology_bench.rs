@@ -1,4 +1,5 @@
-//! Latency on a 3-master Redis Cluster next to a standalone server, for BENCHMARKS.md: the
+//! Latency on a 3-master Redis Cluster (sharded pub/sub, and broadcast `PUBLISH`) next to a
+//! standalone server, for BENCHMARKS.md: the
 //! uncontended acquire + release pair and the hand-off (release call to the queued waiter in
 //! another locker holding the lock). A measurement, not a check: run it in release,
 //!
@@ -116,15 +117,25 @@ async fn bench_cluster_next_to_standalone() {
     let cluster = RedisCluster::start(3, 0).unwrap();
     let seeds = cluster.seed_urls();
     let clustered = measure(
-        "cluster, 3 masters",
+        "cluster, 3 masters, sharded pub/sub",
         || Locker::builder().cluster(seeds.clone()),
+        Raw::cluster(&cluster.seed_urls()).await,
+    )
+    .await;
+    let broadcast = measure(
+        "cluster, 3 masters, broadcast PUBLISH",
+        || {
+            Locker::builder()
+                .cluster(seeds.clone())
+                .sharded_pubsub(false)
+        },
         Raw::cluster(&cluster.seed_urls()).await,
     )
     .await;
     println!(
         "\n| topology | acquire + release p50 | p99 | hand-off p50 | p99 |\n|---|---:|---:|---:|---:|"
     );
-    for r in [standalone, clustered] {
+    for r in [standalone, clustered, broadcast] {
         println!(
             "| {} | {} | {} | {} | {} |",
             r.topology,
