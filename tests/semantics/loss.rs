@@ -180,3 +180,49 @@ async fn redis_paused_while_held_declares_loss_before_lease_end() {
 async fn redis_killed_while_held_declares_loss_and_recovers() {
     stopped_redis(true).await;
 }
+
+/// A share (read share or permit) whose records someone else deleted, while a writer (or
+/// another permit holder) took the key beside it: its release reports `Lost`, never `Ok`
+/// (the state recorded it as live, so no release of it is inferred). Also when only the
+/// holders' zset went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_shares_records_from_outside_makes_its_release_lost() {
+    let fx = Fx::redis();
+    let (a, b) = (fx.locker().await, fx.locker().await);
+    let mut conn = fx.conn().await;
+    let cases = [
+        ("rw", opts().read(), Some(opts()), true),
+        ("sem", opts().permits(1), Some(opts().permits(1)), true),
+        ("zset-only", opts().read(), None, false),
+    ];
+    for (name, share, other, both) in cases {
+        let held = a.acquire(name, share.ttl(ms(10_000))).await.unwrap();
+        let (s, si) = (format!("{{lock:{name}}}:s"), format!("{{lock:{name}}}:si"));
+        let gone: Vec<&str> = if both { vec![&s, &si] } else { vec![&s] };
+        let deleted: u32 = conn.del(&gone).await.unwrap();
+        assert_eq!(
+            deleted as usize,
+            gone.len(),
+            "{name}: the share's records exist"
+        );
+        let beside = match other {
+            Some(o) => Some(
+                b.try_acquire(name, o.ttl(ms(10_000)))
+                    .await
+                    .unwrap()
+                    .expect(
+                        "with the share's records gone the key looks free: the other taker gets it",
+                    ),
+            ),
+            None => None,
+        };
+        let res = held.release().await;
+        assert!(
+            matches!(&res, Err(e) if e.is_lost()),
+            "{name}: a share whose records were deleted released with {res:?}"
+        );
+        if let Some(g) = beside {
+            g.release().await.unwrap();
+        }
+    }
+}

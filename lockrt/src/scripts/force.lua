@@ -25,6 +25,7 @@ do
     for _, t in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
       if heard then redis.pcall('PUBLISH', revoke, t) end
       mark(t, 'l', string.match(redis.call('HGET', KEYS[7], t) or '', '^(%d+)'))
+      redis.call('HDEL', KEYS[2], 'h:' .. t)
     end
     redis.call('DEL', KEYS[6], KEYS[7])
     local sem = kind and string.sub(kind, 1, 1) == 's' and kind or nil

@@ -78,7 +78,10 @@ end
 --   release (found lost, forced, or lapsed and seen so), 'a' its acquisition was abandoned
 --   (fence 0 when it never held); 'ms' numbers them. At most MARKS are kept, oldest dropped
 --   first (and 'b' raised above a dropped mark's fence, so no release is inferred from a
---   history that lost it).
+--   history that lost it);
+-- - 'h:<token>': a live share (read share or permit) and its fence, from its take to its end
+--   (its release, or its mark): a share whose records in KEYS[6]/KEYS[7] went without either
+--   (deleted by someone else) is not inferred released (see `released`).
 -- Every way a lease ends other than its own release marks its token, and a release is
 -- recorded in 'x' / 'r', so a retried release tells "released by me" from "lost" from this
 -- state alone (see `released`). It lives `retention` ms (at least twice the lease) after the
@@ -145,11 +148,12 @@ end
 
 -- Whether token `t`'s lease (fence `f`, counter units; `share`: a read share or permit) ended
 -- by its own release, as the state tells: among the latest releases; or never marked while a
--- later holder took the lock from Redis (for a share: while it is gone from the holders), with
--- `f` inside the state's history. Every other end of a lease marks its token.
+-- later holder took the lock from Redis (for a share: while it is gone from the holders and
+-- from the state's live shares), with `f` inside the state's history. Every other end of a
+-- lease marks its token.
 local function released(t, f, share)
-  local st = redis.call('HMGET', KEYS[2], 'b', 'x', 'm:' .. t, 'r')
-  if st[3] then return false end
+  local st = redis.call('HMGET', KEYS[2], 'b', 'x', 'm:' .. t, 'r', 'h:' .. t)
+  if st[3] or st[5] then return false end
   if string.find(st[4] or '', t, 1, true) then return true end
   local b, fence = tonumber(st[1]), tonumber(f)
   if not b or not fence or fence < b then return false end
@@ -164,9 +168,10 @@ end
 -- what goes with it, and its decimal text: max(counter + 1, fence clock); the server's clock
 -- must have been read. A new state (first use, expired, or lost with the server's data)
 -- starts at the fence clock, above every fence the old one issued: those were at most the
--- clock of its last acquisition plus the acquisitions that came faster than one per 10 µs. `holder`: the token taking the lock (not a share), recorded as the latest
--- holder. `K`: the keys of the lock (KEYS unless given).
-local function next_fence(lease, retention, st, holder, K)
+-- clock of its last acquisition plus the acquisitions that came faster than one per 10 µs.
+-- `holder`: the token taking the lock, recorded as the latest holder; or `share`: the token
+-- taking a share, recorded as a live share. `K`: the keys of the lock (KEYS unless given).
+local function next_fence(lease, retention, st, holder, K, share)
   K = K or KEYS
   -- A new state starts at the next whole ms: the clock is read in ms, and the old state's
   -- last fences may have been issued in this one.
@@ -177,6 +182,7 @@ local function next_fence(lease, retention, st, holder, K)
   local args = {'HSET', K[2], 'n', text}
   if not st.b then args[#args + 1] = 'b'; args[#args + 1] = text end
   if holder then args[#args + 1] = 'x'; args[#args + 1] = 'h' .. holder .. ':' .. text end
+  if share then args[#args + 1] = 'h:' .. share; args[#args + 1] = text end
   -- (Lua 5.1 has `unpack`, 5.4 (Dragonfly) `table.unpack`.)
   redis.call((table.unpack or unpack)(args))
   redis.call('PEXPIRE', K[2], string.format('%.0f', life))
@@ -247,6 +253,13 @@ local function extend_share(t, lease, now, S, SI)
   return true
 end
 
+-- Share `t`'s records go (KEYS[6], KEYS[7], and its live record in the state).
+local function end_share(t)
+  redis.call('ZREM', KEYS[6], t)
+  redis.call('HDEL', KEYS[7], t)
+  redis.call('HDEL', KEYS[2], 'h:' .. t)
+end
+
 -- Drops holders whose lease ran out (at most 1,024 per call, 64 at a time: more counts as
 -- held, never as free) and returns how many remain.
 local function live_shared()
@@ -256,8 +269,7 @@ local function live_shared()
     for _, t in ipairs(gone) do
       -- Lapsed without its release: barred, so that no release of it is inferred.
       mark(t, 'l', string.match(redis.call('HGET', KEYS[7], t) or '', '^(%d+)'))
-      redis.call('ZREM', KEYS[6], t)
-      redis.call('HDEL', KEYS[7], t)
+      end_share(t)
     end
     if #gone < 64 then break end
   end
@@ -276,7 +288,7 @@ end
 -- fence and its text.
 local function take_shared(holder, lease, retention, owner, kind, st)
   local now = string.format('%.0f', now_ms())
-  local fence, text = next_fence(lease, retention, st or state_of(holder))
+  local fence, text = next_fence(lease, retention, st or state_of(holder), nil, nil, holder)
   redis.call('ZADD', KEYS[6], string.format('%.0f', now_ms() + tonumber(lease)), holder)
   redis.call('HSET', KEYS[7], 'kind', kind, holder, text .. '|' .. now .. '|' .. owner_text(owner))
   keep_shared(lease, now_ms())
@@ -344,8 +356,7 @@ local function not_holder(token, share, lapsed)
   if lapsed then
     -- Marked here, and its record goes: the lease ran out before this release.
     mark(token, 'l', ARGV[6])
-    redis.call('ZREM', KEYS[6], token)
-    redis.call('HDEL', KEYS[7], token)
+    end_share(token)
     return {rid, 0}
   end
   if released(token, ARGV[6], share) then return {rid, 3} end

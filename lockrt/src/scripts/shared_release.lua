@@ -13,9 +13,8 @@ local expiry = redis.call('ZSCORE', KEYS[6], token)
 if not expiry or tonumber(expiry) <= now_ms() then
   return not_holder(token, true, expiry ~= false and mode == '')
 end
-redis.call('ZREM', KEYS[6], token)
 local rec = redis.call('HGET', KEYS[7], token) or ''
-redis.call('HDEL', KEYS[7], token)
+end_share(token)
 local lost = ARGV[6] ~= '' and string.match(rec, '^(%d+)') ~= ARGV[6]
 if lost then
   -- Taken again by this token after its lease ended (see release.lua): gone, and a loss.
