@@ -32,6 +32,7 @@ use crate::backend::Backend;
 use crate::backend::contract::{Holders, Renewal, Renewed};
 use crate::backend::redis::pubsub::Subscriber;
 use crate::error::LossCause;
+use crate::key::LockKey;
 use crate::lease::{LeaseInfo, declare_lost};
 use crate::renewal::{State, batches, hedge_time};
 
@@ -98,11 +99,12 @@ impl Holders for Shared {
         self.revoke_token(token, true);
     }
 
-    fn resubscribed(&self) {
+    fn resubscribed(&self, on_channel: &dyn Fn(&LockKey) -> bool) {
         let now = Instant::now();
         let mut t = self.table();
         let mut due = false;
-        for st in t.leases.values_mut().filter(|st| st.info.watchdog) {
+        let listened = |st: &&mut State| st.info.watchdog && on_channel(&st.info.key);
+        for st in t.leases.values_mut().filter(listened) {
             st.check_now(now);
             due = true;
         }

@@ -163,10 +163,11 @@ pub(crate) trait Holders: Send + Sync {
     /// The lock held with owner token `token` was force-unlocked, as the caller knows first
     /// hand (the in-memory backend): its lease is lost now.
     fn revoked(&self, token: &str);
-    /// The revoke channel is listened to now (the first time after holding nothing, or again
-    /// after a lost connection): a revocation published before was missed, so every lease is
-    /// checked now (renewed) rather than at its next renewal.
-    fn resubscribed(&self);
+    /// A revoke channel is listened to now (the first time after holding nothing there, or
+    /// again after a lost connection): a revocation published on it before was missed, so
+    /// every lease whose key `on_channel` names is checked now (renewed) rather than at its
+    /// next renewal. Only those: a lease revoked on another channel was heard there.
+    fn resubscribed(&self, on_channel: &dyn Fn(&LockKey) -> bool);
 }
 
 /// One held lock as a backend reports it to inspection.

@@ -31,6 +31,13 @@ use crate::key::{channel_of, tag_of_channel};
 /// within it needs no `SUBSCRIBE` round trip.
 const LINGER: Duration = Duration::from_millis(500);
 
+/// How long a lease must have been held under a revoke channel the task does not listen on
+/// before it subscribes that channel: a section shorter than this (most on a Cluster, whose
+/// revoke channels are one per slot) costs no `SSUBSCRIBE` and no unsubscribe. A forced unlock
+/// of a lease younger than this is found when the subscription lands (its leases are then
+/// checked at once), a few ms later than one of an older lease.
+const REVOKE_DEFER: Duration = Duration::from_millis(2);
+
 /// Delay before reconnecting after a failed (re)subscription.
 const RECONNECT_DELAY: Duration = Duration::from_millis(200);
 
@@ -63,6 +70,8 @@ pub(crate) struct Remote {
 enum Event {
     Cmd(Option<SubCmd>),
     LingerEnded,
+    /// A lease has been held [`REVOKE_DEFER`] under a revoke channel not listened to yet.
+    RevokeDue,
     Incoming(Option<Incoming>),
     Reconnect,
     /// The Sentinels named another master: this connection may be on the demoted one.
@@ -91,6 +100,8 @@ pub(crate) struct Task {
     /// has been held under for `LINGER`.
     revoke_subscribed: HashSet<Arc<str>>,
     revoke_sweep: Option<Instant>,
+    /// Revoke channels announced and not subscribed yet, and when to subscribe them.
+    revoke_due: HashMap<Arc<str>, Instant>,
     /// Revoke channels the server refused on this connection (an ACL): not asked again on it.
     revoke_refused: HashSet<Arc<str>>,
 }
@@ -115,6 +126,7 @@ impl Task {
             revocations,
             revoke_subscribed: HashSet::new(),
             revoke_sweep: None,
+            revoke_due: HashMap::new(),
             revoke_refused: HashSet::new(),
         }
     }
@@ -136,10 +148,14 @@ impl Task {
                     }
                 }
                 Event::Cmd(Some(SubCmd::Hold(channel))) => {
-                    self.revoke_sweep.get_or_insert(Instant::now() + LINGER);
-                    self.subscribe_revoke(&channel).await;
+                    let now = Instant::now();
+                    self.revoke_sweep.get_or_insert(now + LINGER);
+                    if !self.revoke_subscribed.contains(&channel) {
+                        self.revoke_due.entry(channel).or_insert(now + REVOKE_DEFER);
+                    }
                 }
                 Event::LingerEnded => self.on_linger_ended().await,
+                Event::RevokeDue => self.on_revoke_due().await,
                 Event::Incoming(Some(incoming)) => self.on_incoming(incoming).await,
                 Event::Silent => self.on_silent().await,
                 Event::Incoming(None) => {
@@ -165,12 +181,14 @@ impl Task {
             .copied();
         let listening = !self.subscribed.is_empty() || !self.revoke_subscribed.is_empty();
         let ping_at = (self.conn.is_some() && listening).then(|| self.heard + KEEPALIVE);
+        let revoke_due = self.revoke_due.values().min().copied();
         let conn = &mut self.conn;
         let switches = &mut self.switches;
         tokio::select! {
             cmd = rx.recv() => Event::Cmd(cmd),
             () = switched(switches) => Event::MasterSwitched,
             () = sleep_until(linger_end) => Event::LingerEnded,
+            () = sleep_until(revoke_due) => Event::RevokeDue,
             incoming = async {
                 match conn.as_mut() {
                     Some(wire) => wire.next().await,
@@ -201,7 +219,8 @@ impl Task {
             }
             Incoming::Resubscribed(channel) => {
                 if self.revoke_subscribed.contains(&*channel) {
-                    self.revocations.resubscribed();
+                    self.revocations
+                        .resubscribed(&channel, self.remote.delivery);
                 } else if let Some(tag) = tag_of_channel(&channel) {
                     self.retry(tag);
                 }
@@ -286,6 +305,22 @@ impl Task {
         }
     }
 
+    /// Subscribes the revoke channels whose wait ([`REVOKE_DEFER`]) ended and that a lease is
+    /// still held under; the others are forgotten (their next lease announces them again).
+    async fn on_revoke_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<Arc<str>> = (self.revoke_due.iter())
+            .filter(|(_, at)| **at <= now)
+            .map(|(channel, _)| channel.clone())
+            .collect();
+        for channel in due {
+            self.revoke_due.remove(&channel);
+            if self.revocations.still_held(&channel) {
+                self.subscribe_revoke(&channel).await;
+            }
+        }
+    }
+
     /// Unsubscribes revoke channels no lease has been held under for [`LINGER`].
     async fn on_revoke_linger_ended(&mut self) {
         let now = Instant::now();
@@ -334,8 +369,8 @@ impl Task {
                 self.heard = Instant::now();
                 // A forced unlock published before this subscription landed (the first one
                 // after holding nothing, or after a lost connection) was heard by nobody: the
-                // held leases are renewed, owner-checked, at once.
-                self.revocations.resubscribed();
+                // leases held under it are renewed, owner-checked, at once.
+                self.revocations.resubscribed(channel, self.remote.delivery);
             }
             Ok(Err(e)) => {
                 let refused = SubError::Redis(e);

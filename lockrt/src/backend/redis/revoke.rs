@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::wire::Delivery;
 use crate::backend::contract::Holders;
+use crate::key::LockKey;
 
 /// A revoke channel, how many leases are held with it, and whether the task has been told to
 /// listen on it (`announced`) and since when no lease is held with it.
@@ -88,9 +90,11 @@ impl Revocations {
         }
     }
 
-    pub(crate) fn resubscribed(&self) {
+    /// `channel` is listened to now: the leases held under it are checked at once.
+    pub(crate) fn resubscribed(&self, channel: &str, delivery: Delivery) {
+        let on_channel = |key: &LockKey| delivery.revoke_channel(key) == channel;
         for h in self.holders() {
-            h.resubscribed();
+            h.resubscribed(&on_channel);
         }
     }
 
@@ -115,6 +119,20 @@ impl Revocations {
         };
         held.insert(channel.clone(), entry);
         (channel.clone(), Some(channel))
+    }
+
+    /// Whether a lease is held under `channel` (the task subscribes it then); if none is, the
+    /// channel is no longer announced, so that the next lease under it announces it again.
+    pub(crate) fn still_held(&self, channel: &str) -> bool {
+        let mut held = self.table();
+        let Some(entry) = held.get_mut(channel) else {
+            return false;
+        };
+        if entry.held > 0 {
+            return true;
+        }
+        entry.announced = false;
+        false
     }
 
     /// One lease fewer with revoke channel `channel`; the task unsubscribes it `linger`
@@ -154,7 +172,6 @@ impl Revocations {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::LockKey;
 
     #[tokio::test(start_paused = true)]
     async fn a_prefix_is_announced_once_and_swept_a_linger_after_its_last_lease() {
