@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::contract::Released;
+use crate::backend::contract::{Found, Released};
 use crate::error::BackendError;
 use crate::lease::{Baton, ChainCheck, LeaseInfo, release_backoff};
 use crate::locker::Locker;
@@ -107,13 +107,13 @@ pub(crate) async fn confirm(
         }
     };
     // Before the check counts as done: the next holder starts only on this finding.
-    let ours = matches!(res, Some(Ok(true)));
+    let ours = matches!(res, Some(Ok(Found::Renewed)));
     info.chain().found(info.local + 1, sent, ours);
     drop(unclaimed);
     drop(check);
     match res {
-        Some(Ok(true)) | None => Ok(Released::HandedOver),
-        Some(Ok(false)) => {
+        Some(Ok(Found::Renewed)) | None => Ok(Released::HandedOver),
+        Some(Ok(Found::Gone | Found::Forced)) => {
             monitor.revoked(info.token.as_str());
             drop(entry.take_baton_if(info.counter, info.local + 1));
             Ok(Released::NotOwner)

@@ -29,7 +29,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use crate::backend::Backend;
-use crate::backend::contract::{Holders, Renewal, Renewed};
+use crate::backend::contract::{Found, Holders, Renewal, Renewed};
 use crate::backend::redis::pubsub::Subscriber;
 use crate::error::LossCause;
 use crate::key::LockKey;
@@ -358,7 +358,7 @@ fn apply_outcome(t: &mut Table, ids: &[u64], sent: Instant, res: Vec<Renewed>) {
         };
         st.in_flight = false;
         match renewed {
-            Ok(true) => {
+            Ok(Found::Renewed) => {
                 // A check sent after a revoke message found the lock still ours: the message
                 // was stale or false, and a later loss is not the forced unlock's.
                 if !st.recheck {
@@ -370,11 +370,11 @@ fn apply_outcome(t: &mut Table, ids: &[u64], sent: Instant, res: Vec<Renewed>) {
                     st.next_renew = now;
                 }
             }
-            Ok(false) => {
+            Ok(found) => {
                 let cause = if st.revoke_heard {
                     LossCause::ForceUnlocked
                 } else {
-                    LossCause::Expired
+                    found.cause()
                 };
                 declare_lost(&st.info, cause);
                 t.leases.remove(id);

@@ -18,9 +18,9 @@ use std::task::Poll;
 use futures_util::future::select_all;
 use tokio::time::Instant;
 
-use crate::backend::contract::Renewal;
+use crate::backend::contract::{Found, Renewal};
 use crate::context;
-use crate::error::{LockError, LossCause};
+use crate::error::LockError;
 use crate::guard::{HeldLock, LockGuard};
 use crate::kind::reenter;
 use crate::lease::LeaseInfo;
@@ -270,9 +270,9 @@ impl Locker {
             let found = self.backend().renew_hedged(&renewals, hedge_at).await;
             for ((_, info, _), res) in group.iter().zip(found) {
                 match res {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        crate::lease::declare_lost(info, LossCause::Expired);
+                    Ok(Found::Renewed) => {}
+                    Ok(found) => {
+                        crate::lease::declare_lost(info, found.cause());
                         return Err(info.lost_error());
                     }
                     Err(e) => return Err(e.into()),

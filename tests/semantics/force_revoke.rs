@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lockrt::testing::{FaultProxy, RedisCluster, RedisServer};
-use lockrt::{LockError, LockOptions, Locker};
+use lockrt::{LockError, LockOptions, Locker, LossCause};
 use support::{ms, opts};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -143,6 +143,11 @@ async fn a_lost_revoke_message_leaves_the_renewal_to_find_the_loss() {
         "lost {lost:?}: not by the renewal"
     );
     assert!(lost < ttl / 2 + ms(100), "lost {lost:?}");
+    // The renewal tells why: the lock's state marked the token force-unlocked.
+    match g.release().await {
+        Err(LockError::Lost { cause, .. }) => assert_eq!(cause, LossCause::ForceUnlocked),
+        other => panic!("expected Lost: {other:?}"),
+    }
     assert!(!warm.is_lost());
 }
 

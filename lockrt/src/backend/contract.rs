@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::BackendError;
+use crate::error::{BackendError, LossCause};
 use crate::key::LockKey;
 use crate::options::LockKind;
 use crate::owner::Holder;
@@ -104,9 +104,30 @@ pub(crate) enum Released {
     HandedOver,
 }
 
-/// The outcome of one lease's renewal: `Ok(true)` renewed, `Ok(false)` no longer held by its
-/// token, `Err` not known (retry within the deadline).
-pub(crate) type Renewed = Result<bool, BackendError>;
+/// What the server found of one lease it was asked to renew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// Held by its token, and renewed.
+    Renewed,
+    /// No longer held by its token: it expired, another owner took it, or the server lost it.
+    Gone,
+    /// No longer held: an operator force-unlocked it (the lock's state marked its token so),
+    /// which a locker that missed the revoke message learns this way.
+    Forced,
+}
+
+impl Found {
+    /// Why a lease not renewed ended.
+    pub(crate) fn cause(self) -> LossCause {
+        match self {
+            Found::Forced => LossCause::ForceUnlocked,
+            Found::Renewed | Found::Gone => LossCause::Expired,
+        }
+    }
+}
+
+/// The outcome of one lease's renewal; `Err` not known (retry within the deadline).
+pub(crate) type Renewed = Result<Found, BackendError>;
 
 /// What renewing one lease needs: the lock's key (its kind says whether the lease is the lock
 /// itself or a read share or permit among its shared holders), its owner token, the new lease.

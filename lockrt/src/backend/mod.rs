@@ -12,7 +12,8 @@ use std::time::Duration;
 use std::sync::Weak;
 
 use self::contract::{
-    Attempt, Events, Holders, LockState, Queueing, Released, Renewal, Renewed, Token, holder_fence,
+    Attempt, Events, Found, Holders, LockState, Queueing, Released, Renewal, Renewed, Token,
+    holder_fence,
 };
 use crate::error::BackendError;
 use crate::key::LockKey;
@@ -85,7 +86,10 @@ impl Backend {
     ) -> Vec<Renewed> {
         match self {
             Backend::Redis(b) => b.renew_hedged(batch, hedge_at).await,
-            Backend::Memory(b) => b.renew(batch).into_iter().map(Ok).collect(),
+            // In memory a forced unlock reaches its holder first hand (`Holders::revoked`).
+            Backend::Memory(b) => (b.renew(batch).into_iter())
+                .map(|held| Ok(if held { Found::Renewed } else { Found::Gone }))
+                .collect(),
         }
     }
 

@@ -9,7 +9,8 @@
 -- without that channel) or unheard, the holder's next renewal finds the lock not its own.
 -- A key held by readers or a semaphore's holders loses all of them, each revoked the same
 -- way, and the queue's head gets the key. A lock that is not held changes nothing ({rid, 0}).
--- Each revoked token is marked lost in the lock's state (lock.lua's `mark`): an acquire of it
+-- Each revoked token is marked lost in the lock's state (lock.lua's `mark`, code 'f', which
+-- a renewal that missed the revoke message reports as a forced unlock): an acquire of it
 -- still held up in the network would otherwise take the lock back when it lands, and the
 -- revoked holder's renewals would find it their own again; and a retry of its release reports
 -- the loss.
@@ -24,7 +25,7 @@ do
     local kind = redis.call('HGET', KEYS[7], 'kind')
     for _, t in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
       if heard then redis.pcall('PUBLISH', revoke, t) end
-      mark(t, 'l', string.match(redis.call('HGET', KEYS[7], t) or '', '^(%d+)'))
+      mark(t, 'f', string.match(redis.call('HGET', KEYS[7], t) or '', '^(%d+)'))
       redis.call('HDEL', KEYS[2], 'h:' .. t)
     end
     redis.call('DEL', KEYS[6], KEYS[7])
@@ -36,5 +37,5 @@ do
   end
   ARGV[2] = string.sub(held, 1, 32)
   if heard then redis.pcall('PUBLISH', revoke, ARGV[2]) end
-  mark(ARGV[2], 'l', string.sub(held, 34))
+  mark(ARGV[2], 'f', string.sub(held, 34))
 end

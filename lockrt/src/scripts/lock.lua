@@ -75,7 +75,7 @@ end
 --   "<h|r><token>:<fence>", 'h' while held, 'r' once its own release (or `min_hold` keep) ran;
 -- - 'r': the tokens of the latest 4 releases (locks and shares), 32 characters each;
 -- - 'm:<token>': a token barred, "<code>:<fence>:<seq>": 'l' its lease ended without its own
---   release (found lost, forced, or lapsed and seen so), 'a' its acquisition was abandoned
+--   release (found lost, or lapsed and seen so), 'f' the same by a forced unlock, 'a' its acquisition was abandoned
 --   (fence 0 when it never held); 'ms' numbers them. At most MARKS are kept, oldest dropped
 --   first (and 'b' raised above a dropped mark's fence, so no release is inferred from a
 --   history that lost it);

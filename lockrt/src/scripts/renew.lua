@@ -12,8 +12,11 @@
 -- "<client ms>|<owner>|<place>" (the time as this host's clock, shown only), `owner` the first four fields of the record it had.
 -- Each key is read with pcall: a key someone overwrote with another type (WRONGTYPE) is
 -- "not held" for its own lease only, and never aborts the batch.
--- Returns {rid, r1, ..., rn}: ri = 1 renewed, 0 no longer held by that token.
-local n = #KEYS / 2
+-- KEYS[2n + i]: the lock's state, where a token no longer holding tells a forced unlock
+-- (force.lua marks it 'f').
+-- Returns {rid, r1, ..., rn}: ri = 1 renewed, 0 no longer held by that token, 2 no longer held
+-- because an operator force-unlocked it.
+local n = #KEYS / 3
 local passed = n == 1 and ARGV[4]
 
 -- Shared lease i of token `t`.
@@ -50,6 +53,10 @@ for i = 1, n do
     out[i + 1] = renew_shared(i, t, c, lease)
   else
     out[i + 1] = renew_lock(i, t, c, lease)
+  end
+  if out[i + 1] == 0 then
+    local m = redis.pcall('HGET', KEYS[2 * n + i], 'm:' .. t)
+    if type(m) == 'string' and string.sub(m, 1, 1) == 'f' then out[i + 1] = 2 end
   end
 end
 return out

@@ -40,7 +40,7 @@ use self::scripts::{
 use self::settings::{RedisSettings, Timeouts, TlsFiles, Topology};
 use self::wire::Delivery;
 use crate::backend::contract::{
-    Attempt, LockState, Queueing, Released, Renewal, Renewed, SharedState, Token, kind_code,
+    Attempt, Found, LockState, Queueing, Released, Renewal, Renewed, SharedState, Token, kind_code,
     millis, parse_kind,
 };
 use crate::error::BackendError;
@@ -300,7 +300,7 @@ impl RedisBackend {
 
     /// A renewal on a connection of its own, opened for it (bounded by the connect and
     /// response timeouts) and put in use when the call succeeds.
-    async fn renew_on_extra(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, BackendError> {
+    async fn renew_on_extra(&self, batch: &[Renewal<'_>]) -> Result<Vec<Found>, BackendError> {
         let epoch = self.connector.epoch();
         let conn = tokio::time::timeout(
             self.timeouts.connect.saturating_add(self.timeouts.response),
@@ -320,10 +320,10 @@ impl RedisBackend {
         &self,
         batch: &[Renewal<'_>],
         on: Option<(Conn, u64)>,
-    ) -> Result<Vec<bool>, BackendError> {
+    ) -> Result<Vec<Found>, BackendError> {
         let call = Call {
             clock: None,
-            nkeys: 2 * batch.len(),
+            nkeys: 3 * batch.len(),
             keys: |c: &mut Cmd| {
                 // A share's "lock" is the key's shared holders, its "owner key" their records.
                 for r in batch {
@@ -337,6 +337,10 @@ impl RedisBackend {
                         true => c.arg(r.key.shared_info()),
                         false => c.arg(r.key.owner()),
                     };
+                }
+                // The lock's state: whether a token no longer holding was force-unlocked.
+                for r in batch {
+                    c.arg(r.key.state());
                 }
             },
             args: |c: &mut Cmd| {
@@ -371,7 +375,12 @@ impl RedisBackend {
                 "renewal reply has the wrong length",
             ));
         }
-        Ok(out.into_iter().map(|v| v == 1).collect())
+        let found = |v| match v {
+            1 => Found::Renewed,
+            2 => Found::Forced,
+            _ => Found::Gone,
+        };
+        Ok(out.into_iter().map(found).collect())
     }
 
     /// A holder's release, recorded in the lock's state so that a retry tells it from a loss

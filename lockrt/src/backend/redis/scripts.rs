@@ -26,7 +26,7 @@ use super::connector::Conn;
 use super::link::Link;
 use super::settings::SyncReplicas;
 use super::wire::Delivery;
-use crate::backend::contract::{Renewed, millis};
+use crate::backend::contract::{Found, Renewed, millis};
 use crate::error::BackendError;
 use crate::key::{Aux, LockKey, slot_of};
 
@@ -337,7 +337,7 @@ pub(crate) fn ints(v: &[Value]) -> Vec<i64> {
 }
 
 /// One call's result as one outcome per lease.
-pub(crate) fn per_lease(res: Result<Vec<bool>, BackendError>, n: usize) -> Vec<Renewed> {
+pub(crate) fn per_lease(res: Result<Vec<Found>, BackendError>, n: usize) -> Vec<Renewed> {
     match res {
         Ok(v) => v.into_iter().map(Ok).collect(),
         Err(e) => vec![Err(e); n],
