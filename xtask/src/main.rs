@@ -307,16 +307,34 @@ fn has(program: &str, arg: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// Installs `redis-server` when missing, and `curl` with it (the matrix fetches Debian's
+/// Valkey packages with it; CI's Valkey step needs it), with apt-get as root or through sudo.
+/// Only a missing `redis-server` is an error when nothing can be installed.
 fn ensure_redis_server() -> Result<(), String> {
     let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
-    if has(&bin, "--version") {
+    let need_redis = !has(&bin, "--version");
+    let mut packages: Vec<&str> = Vec::new();
+    if need_redis {
+        packages.push("redis-server");
+    }
+    if !has("curl", "--version") {
+        packages.push("curl");
+    }
+    if packages.is_empty() {
         return Ok(());
     }
+    let cannot = |why: &str| {
+        if need_redis {
+            Err(why.to_owned())
+        } else {
+            eprintln!("xtask: curl is not installed (the matrix's Debian packages need it): {why}");
+            Ok(())
+        }
+    };
     if !has("apt-get", "--version") {
-        return Err(
+        return cannot(
             "redis-server is not installed and apt-get is not available: install Redis \
-                    (e.g. `brew install redis`) or set REDIS_SERVER_BIN to its path"
-                .into(),
+             (e.g. `brew install redis`) or set REDIS_SERVER_BIN to its path",
         );
     }
     let root = Command::new("id")
@@ -328,15 +346,15 @@ fn ensure_redis_server() -> Result<(), String> {
     } else if has("sudo", "--version") {
         &["sudo"]
     } else {
-        return Err(
-            "redis-server is not installed; run `apt-get install -y redis-server` as root".into(),
-        );
+        return cannot(&format!(
+            "run `apt-get install -y {}` as root",
+            packages.join(" ")
+        ));
     };
-    eprintln!("xtask: installing redis-server with apt-get");
-    for step in [
-        &["apt-get", "update", "-qq"][..],
-        &["apt-get", "install", "-y", "-qq", "redis-server"][..],
-    ] {
+    eprintln!("xtask: installing {} with apt-get", packages.join(", "));
+    let mut install = vec!["apt-get", "install", "-y", "-qq"];
+    install.extend_from_slice(&packages);
+    for step in [&["apt-get", "update", "-qq"][..], &install[..]] {
         let mut argv: Vec<&str> = sudo.to_vec();
         argv.extend_from_slice(step);
         let status = Command::new(argv[0])
