@@ -300,6 +300,17 @@ async fn a_channel_lingers_between_waits_then_goes() {
     let subscribes = async |conn: &mut redis::aio::MultiplexedConnection| -> u64 {
         support::calls_of(conn, "subscribe").await
     };
+    // Both lockers listen for revocations throughout (a lock each, held), so that only the
+    // lock's own channel can add subscriptions below.
+    let warm = [
+        holder.acquire("warm:1", opts()).await.unwrap(),
+        waiter.acquire("warm:2", opts()).await.unwrap(),
+    ];
+    support::settle(
+        async || support::numsub(&mut conn, "{lock:}:revoke").await >= 2,
+        "both lockers listen for revocations",
+    )
+    .await;
     let mut counts = Vec::new();
     for _ in 0..3 {
         let g = holder.acquire("linger", opts()).await.unwrap();
@@ -319,4 +330,7 @@ async fn a_channel_lingers_between_waits_then_goes() {
         "later waits subscribed again: {counts:?}"
     );
     support::until_subscribed(&mut conn, "linger", 0).await;
+    for g in warm {
+        g.release().await.unwrap();
+    }
 }

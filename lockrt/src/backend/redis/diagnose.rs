@@ -18,7 +18,8 @@ pub(crate) const ACL_HINT: &str = "grant the user `~lock:* ~{lock:* &{lock:* &lo
      +evalsha +eval +subscribe +unsubscribe +ssubscribe +sunsubscribe +ping +hello +wait +role \
      +info` and the commands the scripts run, `+get +set +del +exists +pexpire +pexpireat +pttl \
      +hget +hmget +hset +hdel +hexists +hincrby +hlen +hgetall +zadd +zcard +zrange \
-     +zrangebyscore +zrem +zscore +publish +spublish` (with your prefix instead of `lock:`)";
+     +zrangebyscore +zrem +zscore +publish +spublish` (with your prefix instead of `lock:`; on \
+     Redis 6.2 without the `s` commands, which it does not have)";
 
 /// A scrubbed error for the server at `addr`; `cluster`: it came through a cluster
 /// connection.
