@@ -288,12 +288,13 @@ async fn bus_traffic_per_release_sharded_against_broadcast() {
         .map(|i| key_on(&cluster, i % 3, &format!("bus{i}-")))
         .collect();
     let mut raw = Raw::cluster(&cluster.seed_urls()).await;
-    let mut per_node = Vec::new();
+    let (mut per_node, mut relinked) = (Vec::new(), Vec::new());
     for sharded in [false, true] {
         let (holder, waiter) = (
             locker(&cluster, sharded).await,
             locker(&cluster, sharded).await,
         );
+        let start = unix_ms();
         let mut before = Vec::new();
         for index in 0..cluster.len() {
             before.push(bus_received(&cluster, index).await);
@@ -302,20 +303,23 @@ async fn bus_traffic_per_release_sharded_against_broadcast() {
             let handoff = handed_over(&holder, &waiter, &mut raw, key).await;
             assert_woken_promptly(handoff);
         }
-        // The bus delivers after the script returned: read until two reads 50 ms apart agree.
+        // The bus delivers after the script returned, late under load: read until two reads
+        // 50 ms apart agree (broadcast: and every node heard every message), 2 s at most.
         let mut received: Vec<u64> = Vec::new();
         for _ in 0..40 {
             let mut now = Vec::new();
             for (index, before) in before.iter().enumerate() {
                 now.push(bus_received(&cluster, index).await - before);
             }
-            if now == received {
+            let complete = sharded || now.iter().sum::<u64>() >= 5 * releases as u64;
+            if now == received && complete {
                 break;
             }
             received = now;
             tokio::time::sleep(ms(50)).await;
         }
         per_node.push(received);
+        relinked.push(links_created_since(&cluster, start).await);
     }
     let per_release = |v: &[u64]| {
         v.iter()
@@ -328,7 +332,8 @@ async fn bus_traffic_per_release_sharded_against_broadcast() {
         "bus_traffic_per_release_sharded_against_broadcast",
         format!(
             "pub/sub bus messages received per release with a waiter, nodes 0-5 (3 masters, \
-             then their replicas): broadcast {} (total {:.2}); sharded {} (total {:.2})",
+             then their replicas): broadcast {} (total {:.2}); sharded {} (total {:.2}); bus \
+             links made again during each: {relinked:?}",
             per_release(broadcast),
             broadcast.iter().sum::<u64>() as f64 / releases as f64,
             per_release(sharded),
@@ -337,11 +342,44 @@ async fn bus_traffic_per_release_sharded_against_broadcast() {
     );
     let total = |v: &[u64]| v.iter().sum::<u64>();
     // Broadcast: every other node hears each message; sharded: at most the shard's replica.
-    assert!(total(broadcast) >= 5 * releases as u64, "{broadcast:?}");
+    // A bus link that the server dropped and made again (a ping unanswered for half the node
+    // timeout, on a loaded host) loses what was sent on it: fewer only then.
+    assert!(
+        total(broadcast) >= 5 * releases as u64 || relinked[0] > 0,
+        "{broadcast:?}, no bus link made again"
+    );
     assert!(total(sharded) <= releases as u64 * 2, "{sharded:?}");
     for (master, heard) in sharded.iter().enumerate().take(3) {
         assert_eq!(*heard, 0, "master {master} heard another shard's messages");
     }
+}
+
+/// Milliseconds since the Unix epoch, the clock of `CLUSTER LINKS`' `create-time`.
+fn unix_ms() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.expect("clock after 1970").as_millis() as i64
+}
+
+/// Cluster bus links, over all nodes, made at or after `since_ms` (a Unix time in ms).
+async fn links_created_since(cluster: &RedisCluster, since_ms: i64) -> usize {
+    let mut made = 0;
+    for index in 0..cluster.len() {
+        let mut c = node(cluster, index).await;
+        let links: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("CLUSTER")
+            .arg("LINKS")
+            .query_async(&mut c)
+            .await
+            .expect("CLUSTER LINKS");
+        made += links
+            .iter()
+            .filter_map(|l| match l.get("create-time")? {
+                redis::Value::Int(t) => Some(*t),
+                _ => None,
+            })
+            .filter(|t| *t >= since_ms)
+            .count();
+    }
+    made
 }
 
 /// Pub/sub messages node `index` received over the cluster bus (broadcast and sharded).

@@ -175,6 +175,10 @@ impl RedisCluster {
                 if count(true) != masters || count(false) != replicas {
                     return Err(format!("127.0.0.1:{port} does not see every role yet"));
                 }
+                // A message published before a bus link is up is not delivered over it.
+                if let Some(e) = view.iter().find(|e| !e.linked) {
+                    return Err(format!("127.0.0.1:{port} has no bus link to {} yet", e.id));
+                }
                 let me = view
                     .iter()
                     .find(|e| e.myself)

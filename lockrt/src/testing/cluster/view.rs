@@ -12,6 +12,8 @@ pub(super) struct ViewEntry {
     pub(super) master: bool,
     pub(super) master_id: Option<String>,
     pub(super) failing: bool,
+    /// The bus link to the node is up (always, for the node itself).
+    pub(super) linked: bool,
     pub(super) slots: Vec<(u16, u16)>,
 }
 
@@ -39,8 +41,9 @@ fn parse_cluster_nodes(text: &str) -> Vec<ViewEntry> {
             let _addr = parts.next()?;
             let flags: Vec<&str> = parts.next()?.split(',').collect();
             let master_id = parts.next().filter(|m| *m != "-").map(str::to_owned);
-            let slots = parts
-                .skip(4)
+            let mut rest = parts.skip(3);
+            let linked = rest.next()? == "connected";
+            let slots = rest
                 .filter(|s| !s.starts_with('['))
                 .filter_map(|s| match s.split_once('-') {
                     Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
@@ -53,6 +56,7 @@ fn parse_cluster_nodes(text: &str) -> Vec<ViewEntry> {
                 master: flags.contains(&"master"),
                 master_id,
                 failing: flags.iter().any(|f| *f == "fail" || *f == "fail?"),
+                linked,
                 slots,
             })
         })
