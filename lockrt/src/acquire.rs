@@ -269,25 +269,23 @@ impl<'a> Acquisition<'a> {
         })
     }
 
-    /// The lease of a passed-on baton as this caller's, once the check of that hand-off found
-    /// the lock still the lease's and if it suits this caller; `None`: the lock goes back.
-    async fn vouched(&self, claimed: &mut crate::handoff::Claimed<'_>) -> Option<Taken> {
+    /// The lease of a passed-on baton as this caller's, if it suits this caller; `None`: the
+    /// lock goes back. Taken at once: the check of the hand-off is out, and tells this holder
+    /// `Lost` should it find the lock gone (see `lease::Chain`).
+    fn vouched(&self, claimed: &crate::handoff::Claimed<'_>) -> Option<Taken> {
         let baton = claimed.1.as_ref()?;
         let safety = self.locker.settings().safety_margin;
-        if !self.terms.watchdog || baton.ttl != self.ttl || !baton.fresh(safety) {
+        if !self.terms.watchdog
+            || baton.ttl != self.ttl
+            || !baton.fresh(safety)
+            || baton.chain.failed()
+        {
             return None;
         }
-        // The check renewed the lease: it runs from when the check was sent. Waited for
-        // within this caller's own wait (at least the retry window), not the holder's: past
-        // it the lock goes back and this caller makes its last attempt in the backend.
-        let sent = within(self.retry_end, baton.chain.vouch(baton.local))
-            .await
-            .flatten()?;
-        let lease = baton.ttl;
-        crate::lease::fresh(sent, lease, safety).then_some(Taken {
+        Some(Taken {
             fence: baton.counter,
-            sent,
-            lease,
+            sent: baton.sent,
+            lease: baton.lease,
             local: baton.local,
         })
     }
@@ -307,14 +305,14 @@ impl<'a> Acquisition<'a> {
         // In the same poll that gave this caller the turn: a lease its predecessor passed on.
         if let Some(baton) = entry.take_baton() {
             let mut claimed = crate::handoff::Claimed(self.locker, Some(baton));
-            if let Some(taken) = self.vouched(&mut claimed).await {
+            if let Some(taken) = self.vouched(&claimed) {
                 let baton = claimed.1.take().expect("kept until here");
                 crate::metrics::local_handoff();
                 let chain = Some(baton.chain.clone());
                 return Ok(self.make_guard(entry, turn, taken, baton.token, chain));
             }
             // A fixed lease (which must run its own ttl), another ttl, too little lease left,
-            // or the lock not found still ours: the lock goes back to Redis (dropping `claimed`
+            // or a check that found the lock gone: the lock goes back to Redis (dropping `claimed`
             // releases it there), and this caller asks for it there like any other.
         }
         self.take_in_backend(entry, turn).await
@@ -573,6 +571,11 @@ impl<'a> Acquisition<'a> {
             },
             turn,
         ));
+        if taken.local > 0 {
+            // The chain's checks tell this holder should they find the lock gone (at once, if
+            // one already did).
+            info.chain().adopt(&info);
+        }
         let monitor = self.locker.monitor();
         let watched = monitor
             .as_ref()

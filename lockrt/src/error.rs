@@ -163,11 +163,20 @@ pub enum LossCause {
     /// [`Locker::shutdown`](crate::Locker::shutdown) ended it: the process is stopping.
     #[error("the locker was shut down (the process is stopping)")]
     ShutDown,
+    /// The section started at once on a lease passed on in the process (local hand-off), and
+    /// the owner check that went out with the hand-off found the lock no longer the lease's
+    /// (it expired, was deleted or force-unlocked, or the server lost it): another holder may
+    /// have run beside this section.
+    #[error(
+        "the check of a local hand-off found the lock gone (expired, deleted, force-unlocked or \
+         lost by the server) while sections ran on the lease"
+    )]
+    HandOffCheck,
 }
 
 impl LossCause {
     /// A short name for logs and metric labels: `expired`, `unreachable`, `max_hold`,
-    /// `force_unlocked`, `shut_down`.
+    /// `force_unlocked`, `shut_down`, `hand_off_check`.
     ///
     /// ```
     /// assert_eq!(lockrt::LossCause::MaxHold.as_str(), "max_hold");
@@ -179,6 +188,7 @@ impl LossCause {
             LossCause::MaxHold => "max_hold",
             LossCause::ForceUnlocked => "force_unlocked",
             LossCause::ShutDown => "shut_down",
+            LossCause::HandOffCheck => "hand_off_check",
         }
     }
 }

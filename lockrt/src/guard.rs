@@ -217,14 +217,12 @@ impl Release {
             .as_ref()
             .and_then(|e| crate::handoff::pass_on(&self.locker, &self.info, e));
         let res = match (entry, passed) {
-            (Some(entry), Some(check)) => {
+            (Some(entry), Some(to)) => {
                 // Gives up the turn: the longest waiter of this locker takes the lease (and
-                // runs at once), while this holder checks that it was still its own.
+                // runs at once), while the check covering this holder's end is out.
                 self.finish();
                 crate::handoff::reclaim(&self.locker, &entry);
-                // The next holder waits for this check: it goes out before anything else.
-                let (locker, monitor) = (&self.locker, &self.monitor);
-                crate::handoff::confirm(locker, &self.info, &entry, monitor, check).await
+                crate::handoff::confirm(&self.locker, &self.info, &entry, to).await
             }
             (entry, _) => {
                 self.entry = entry;

@@ -10,29 +10,31 @@
 //! checks once the turn is free after it left the baton, and so does (right after it is gone)
 //! every waiter that leaves the queue without the turn, so whichever comes last finds an
 //! unclaimed baton and a free turn, whatever the order in which they ran.
+//!
+//! The next holder starts at once; the owner check covering the passing holder's end goes out
+//! at the same moment, and the passing holder's release waits for it (see `lease::Chain`): a
+//! lock lost before the hand-off is reported `Lost` to every section since the last good
+//! check, within one round trip of the successor's start, never as success.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::contract::{Found, Released};
+use crate::backend::contract::{Released, Renewal};
 use crate::error::BackendError;
 use crate::lease::{Baton, ChainCheck, LeaseInfo, release_backoff};
 use crate::locker::Locker;
-use crate::monitor::Monitor;
 use crate::renewal::hedge_time;
 use crate::wait::EntryHandle;
 
 /// Leaves `info`'s lease for the next caller of `locker` waiting for its key, if one waits
 /// and the lease may be passed on: the hand-offs in a row stay within the locker's limit, the
 /// lease has the safety margin left, no `min_hold` is pending (nobody may hold the lock before
-/// it ends) and the locker is not shutting down. The check it then owes (see [`confirm`]),
-/// if it did; the caller then gives up its turn and calls [`reclaim`].
-pub(crate) fn pass_on(
-    locker: &Locker,
-    info: &LeaseInfo,
-    entry: &EntryHandle,
-) -> Option<ChainCheck> {
+/// it ends), no check of the lease found it gone and the locker is not shutting down. The
+/// owner check covering this holder's end goes out now, unless one is out already (that one
+/// sends it when it returns; see [`Chain`](crate::lease::Chain)). The place in the run the
+/// lease went to, if it did; the caller then gives up its turn and calls [`confirm`].
+pub(crate) fn pass_on(locker: &Locker, info: &LeaseInfo, entry: &EntryHandle) -> Option<u32> {
     let limit = locker.settings().local_handoff;
     let pending_min_hold = info.kept_until().is_some_and(|k| k > Instant::now());
     // A shared lease (a read share, a permit) is never passed on: the callers queued on the
@@ -51,10 +53,67 @@ pub(crate) fn pass_on(
     if !baton.fresh(info.safety) {
         return None;
     }
-    // Counted before anyone can take the lease: no later holder releases it before the check.
-    let check = info.chain().checking();
+    // The check is sent by a task of the locker: a holder whose release is cancelled leaves
+    // the sections after it covered all the same.
+    let rt = tokio::runtime::Handle::try_current().ok()?;
+    let to = baton.local;
+    let chain = info.chain();
+    if chain.pass(to)? {
+        // Counted before anyone can take the lease: no later holder releases it before the
+        // check.
+        let check = chain.checking();
+        let task = check_owner(locker.clone(), info, to, check);
+        locker.inner.cleanups.spawn_on(task, &rt);
+    }
     entry.put_baton(baton);
-    Some(check)
+    Some(to)
+}
+
+/// The owner checks of `info`'s lease from the hand-off to place `to` on: one round trip
+/// each (an owner-checked renewal, retried like a release whose outcome is unknown, hedged
+/// like the monitor's renewals), one more while hand-offs were made during the last, so at
+/// most the locker's hand-off limit in all.
+fn check_owner(
+    locker: Locker,
+    info: &LeaseInfo,
+    mut to: u32,
+    check: ChainCheck,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let (key, token, counter, ttl) = (info.key.clone(), info.token, info.counter, info.ttl);
+    let chain = info.chain().clone();
+    let deadline = info.deadline();
+    let rounds = locker.settings().local_handoff.saturating_add(1);
+    async move {
+        let _check = check;
+        for _ in 0..rounds {
+            let renewal = Renewal {
+                key: &key,
+                token: &token,
+                counter,
+                lease: ttl,
+                passed_to: Some(to),
+            };
+            let mut backoff = release_backoff();
+            let (found, sent) = loop {
+                let sent = Instant::now();
+                let hedge_at = hedge_time(sent, std::iter::once(deadline.max(sent)));
+                let res = locker.backend().renew_hedged(&[renewal], hedge_at).await;
+                let found = res.into_iter().next().unwrap_or_else(|| {
+                    Err(BackendError::new("local hand-off", "no reply to the check"))
+                });
+                match found {
+                    Err(e) if backoff.retry(&e).await => {}
+                    found => break (found, sent),
+                }
+            };
+            match chain.checked(to, sent, ttl, found) {
+                Some(next) => to = next,
+                None => return,
+            }
+        }
+        let e = BackendError::new("local hand-off", "more checks than hand-offs");
+        chain.checked(to, Instant::now(), ttl, Err(e));
+    }
 }
 
 /// How long a passed-on lease waits to be taken before it is released in the backend: the
@@ -63,62 +122,44 @@ pub(crate) fn pass_on(
 const CLAIM_WITHIN: Duration = Duration::from_millis(50);
 
 /// What a holder that passed its lease on still does: makes sure a lease nobody takes is
-/// released soon (see [`CLAIM_WITHIN`]), and checks with the server that the lock was still
-/// its own (an owner-checked renewal), which the next holder waits for before it starts (see
-/// `Chain::vouch`): a lock lost before the hand-off (expired unseen, deleted, a server
-/// restart) is a loss of this holder, reported as a release would report it (`NotOwner`),
-/// and the next holder asks the backend for the lock instead.
+/// released soon (see [`CLAIM_WITHIN`]), and waits for the owner check that covers the end
+/// of its section (the next holder started meanwhile). A lock found gone is a loss of this
+/// holder, reported as a release would report it (`NotOwner`); the holders after it are told
+/// by the check itself.
 pub(crate) async fn confirm(
     locker: &Locker,
     info: &LeaseInfo,
     entry: &EntryHandle,
-    monitor: &Monitor,
-    check: ChainCheck,
+    to: u32,
 ) -> Result<Released, BackendError> {
     let mut unclaimed = Unclaimed {
         locker,
         entry,
         counter: info.counter,
-        local: info.local + 1,
+        local: to,
         by: Instant::now() + CLAIM_WITHIN,
     };
-    let renewal = info.renewal(info.ttl, Some(info.local + 1));
-    let check_owner = async {
-        // Retried like a release whose outcome is unknown (a reset, a restarted server).
-        let mut backoff = release_backoff();
-        loop {
-            // Hedged like the monitor's renewals: after half of what is left of the lease.
-            let sent = Instant::now();
-            let hedge_at = hedge_time(sent, std::iter::once(info.deadline()));
-            let res = locker.backend().renew_hedged(&[renewal], hedge_at).await;
-            match res.into_iter().next() {
-                Some(Err(e)) if backoff.retry(&e).await => {}
-                res => break (res, sent),
-            }
-        }
-    };
-    tokio::pin!(check_owner);
-    let (res, sent) = tokio::select! {
+    let chain = info.chain().clone();
+    let settled = chain.settled(info.local);
+    tokio::pin!(settled);
+    let covered = tokio::select! {
         biased;
-        res = &mut check_owner => res,
+        res = &mut settled => res,
         () = tokio::time::sleep_until(unclaimed.by) => {
             unclaimed.release_now();
-            check_owner.await
+            settled.await
         }
     };
-    // Before the check counts as done: the next holder starts only on this finding.
-    let ours = matches!(res, Some(Ok(Found::Renewed)));
-    info.chain().found(info.local + 1, sent, ours);
     drop(unclaimed);
-    drop(check);
-    match res {
-        Some(Ok(Found::Renewed)) | None => Ok(Released::HandedOver),
-        Some(Ok(Found::Gone | Found::Forced)) => {
-            monitor.revoked(info.token.as_str());
-            drop(entry.take_baton_if(info.counter, info.local + 1));
+    match covered {
+        Ok(()) => Ok(Released::HandedOver),
+        Err(Ok(cause)) => {
+            crate::lease::declare_lost(info, cause);
+            // Gone: nothing of the lease is left to release (the lock may be another's).
+            drop(entry.take_baton_if(info.counter, to));
             Ok(Released::NotOwner)
         }
-        Some(Err(e)) => Err(e),
+        Err(Err(e)) => Err(e),
     }
 }
 

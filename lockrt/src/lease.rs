@@ -8,7 +8,7 @@
 //! (a blocked thread).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit};
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
-use crate::backend::contract::{Released, Renewal, Token, holder_fence};
+use crate::backend::contract::{Found, Released, Renewal, Token, holder_fence};
 use crate::error::{BackendError, LockError, LossCause};
 use crate::key::LockKey;
 use crate::retry::Backoff;
@@ -88,59 +88,164 @@ pub(crate) struct LeaseInfo {
     chain: OnceLock<Arc<Chain>>,
 }
 
-/// The checks still under way of holders that passed one lease on in the process (see
-/// `handoff::confirm`): the lock is released in the backend only once they are done, so a
-/// check never finds the lock released by a later holder of the same lease and reports a loss
-/// that was none. And what they found: a holder the lease was passed to starts only once the
-/// check of its hand-off found the lock still this lease's ([`Chain::vouch`]).
+/// The holders one lease is passed between in the process (local hand-off), and the owner
+/// checks that cover them. A holder the lease is passed to starts at once; the check sent with
+/// the hand-off (an owner-checked renewal; at most one out per lease: hand-offs made while one
+/// is out are covered by the next, sent when it returns) proves the lock was still the lease's
+/// when it was sent, so every section that ended before then held throughout. A passing
+/// holder's success waits for the check that covers its end (`handoff::confirm`); a check that
+/// finds the lock gone tells every section not yet covered `Lost`, the one running included.
+/// The lock is released in the backend only once no check is out, so a check never finds it
+/// released by a later holder of the same lease and reports a loss that was none.
 #[derive(Debug, Default)]
 pub(crate) struct Chain {
     pending: AtomicUsize,
     idle: Notify,
-    verdict: Mutex<Verdict>,
+    state: Mutex<ChainState>,
+    changed: Notify,
 }
 
-/// The checks' findings so far.
+/// The hand-offs of a [`Chain`] and what its checks found so far.
 #[derive(Debug, Default)]
-struct Verdict {
-    /// The latest hand-off found still ours, and when its check was sent (the lease runs
-    /// from then).
-    confirmed: Option<(u32, Instant)>,
-    /// A check found the lock gone or could not tell: no holder after it may start.
-    failed: bool,
+struct ChainState {
+    /// The latest hand-off made: the place in the run of the holder it went to.
+    passed: u32,
+    /// The latest hand-off that a check sent after it found still the lease's: the sections
+    /// before that place ended covered.
+    covered: u32,
+    /// A check is out (or about to go).
+    checking: bool,
+    /// A check found the lock gone (`Ok`, the cause the uncovered sections are told) or could
+    /// not tell (`Err`): no hand-off after it, no section past `covered` succeeds.
+    failed: Option<Result<LossCause, BackendError>>,
+    /// The holder of the lease now, told of a loss a check finds.
+    holder: Option<Weak<LeaseInfo>>,
 }
+
+/// What a passing holder learns of the check that covers its end (see [`Chain::settled`]).
+pub(crate) type Covered = Result<(), Result<LossCause, BackendError>>;
 
 /// Longest wait for a chain's checks before a release goes ahead anyway (a check is bounded
 /// by the response timeout; past this a loss may be reported that was none, never the reverse).
 const CHAIN_WAIT: Duration = Duration::from_secs(3);
 
+/// Longest wait of a passing holder for the check covering its end: the checks are bounded
+/// themselves (retries of the response timeout, one round per hand-off), this only keeps
+/// the wait bounded whatever happens to them.
+const SETTLE_WAIT: Duration = Duration::from_secs(60);
+
 impl Chain {
+    fn state(&self) -> std::sync::MutexGuard<'_, ChainState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// One more check under way until the returned value is dropped.
     pub(crate) fn checking(self: &Arc<Self>) -> ChainCheck {
         self.pending.fetch_add(1, Ordering::AcqRel);
         ChainCheck(self.clone())
     }
 
-    /// The check of the hand-off to local holder `local`, sent at `sent`, found the lock
-    /// still this lease's (`true`), or gone or not known (`false`).
-    pub(crate) fn found(&self, local: u32, sent: Instant, ours: bool) {
-        let mut v = self.verdict.lock().unwrap_or_else(|p| p.into_inner());
-        if !ours {
-            v.failed = true;
-        } else if v.confirmed.is_none_or(|(l, _)| l < local) {
-            v.confirmed = Some((local, sent));
+    /// The lease is being passed to place `to` in the run: `true` when no check is out, and
+    /// the caller sends one now (the one out otherwise covers this hand-off next round).
+    /// `None`: a check failed, the lease is not passed on.
+    pub(crate) fn pass(&self, to: u32) -> Option<bool> {
+        let mut st = self.state();
+        if st.failed.is_some() {
+            return None;
         }
+        st.passed = st.passed.max(to);
+        let send = !st.checking;
+        st.checking = true;
+        Some(send)
     }
 
-    /// Waits (bounded) for the check of the hand-off to local holder `local`: when the lock
-    /// was then found still this lease's, the time that check was sent; `None` when it was
-    /// found gone, could not be told, or the check did not end in time.
-    pub(crate) async fn vouch(&self, local: u32) -> Option<Instant> {
-        self.idle().await;
-        let v = self.verdict.lock().unwrap_or_else(|p| p.into_inner());
-        match v.confirmed {
-            Some((l, sent)) if !v.failed && l >= local => Some(sent),
-            _ => None,
+    /// A check failed: nothing more is passed on or taken.
+    pub(crate) fn failed(&self) -> bool {
+        self.state().failed.is_some()
+    }
+
+    /// `info` holds the lease now. `false`: a check already found the lock gone, and `info`
+    /// is told so.
+    pub(crate) fn adopt(&self, info: &Arc<LeaseInfo>) -> bool {
+        let mut st = self.state();
+        if let Some(Ok(cause)) = st.failed {
+            drop(st);
+            declare_lost(info, cause);
+            return false;
+        }
+        st.holder = Some(Arc::downgrade(info));
+        true
+    }
+
+    /// The check sent at `sent` for the hand-off to place `to` found `found` (a lease of
+    /// `lease` renewed from `sent` when still the lease's). The place of the next check to
+    /// send, when hand-offs were made since this one went out.
+    pub(crate) fn checked(
+        &self,
+        to: u32,
+        sent: Instant,
+        lease: Duration,
+        found: Result<Found, BackendError>,
+    ) -> Option<u32> {
+        let mut st = self.state();
+        let holder = st.holder.as_ref().and_then(Weak::upgrade);
+        let mut told = None;
+        let next = match found {
+            Ok(Found::Renewed) => {
+                st.covered = st.covered.max(to);
+                if let Some(h) = &holder {
+                    // The check renewed the lock for whoever holds the lease now.
+                    h.extend(sent, lease);
+                }
+                (st.passed > to).then_some(st.passed)
+            }
+            Ok(gone) => {
+                let cause = match gone {
+                    Found::Forced => LossCause::ForceUnlocked,
+                    _ => LossCause::HandOffCheck,
+                };
+                st.failed = Some(Ok(cause));
+                told = holder.map(|h| (h, cause));
+                None
+            }
+            Err(e) => {
+                st.failed = Some(Err(e));
+                None
+            }
+        };
+        st.checking = next.is_some();
+        drop(st);
+        if let Some((h, cause)) = told {
+            declare_lost(&h, cause);
+        }
+        self.changed.notify_waiters();
+        next
+    }
+
+    /// Waits (bounded) for the check that covers the end of the section at place `at` (the
+    /// hand-off to `at + 1`): `Ok` when it found the lock still the lease's, else what it
+    /// found.
+    pub(crate) async fn settled(&self, at: u32) -> Covered {
+        let until = Instant::now() + SETTLE_WAIT;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let st = self.state();
+                if st.covered > at {
+                    return Ok(());
+                }
+                if let Some(f) = &st.failed {
+                    return Err(f.clone());
+                }
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                return Err(Err(BackendError::new(
+                    "local hand-off",
+                    "the owner check of the hand-off did not end in time",
+                )));
+            }
         }
     }
 

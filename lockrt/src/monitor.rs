@@ -212,12 +212,6 @@ impl Monitor {
         true
     }
 
-    /// The lock held with `token` is not ours any more, as a check of this locker found: every
-    /// lease with it, and one passed on in the process and added later, is lost.
-    pub(crate) fn revoked(&self, token: &str) {
-        self.shared.revoke_token(token, true);
-    }
-
     /// Stops the task and hands over every lease it watched (shutdown).
     pub(crate) fn drain(&self) -> Vec<Arc<LeaseInfo>> {
         let mut t = self.shared.table();

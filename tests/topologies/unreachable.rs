@@ -78,7 +78,8 @@ async fn acquire_while_redis_is_down_is_a_backend_error_within_wait_plus_1s() {
     fx.server().resume().unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// One thread: the subscriber below is this thread's default, and the locker's tasks log too.
+#[tokio::test(flavor = "current_thread")]
 async fn password_appears_in_no_error_debug_output_or_log_line() {
     let (logs, subscriber) = support::logs::capture(tracing::Level::TRACE);
     let _default = tracing::subscriber::set_default(subscriber);
