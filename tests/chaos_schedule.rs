@@ -152,12 +152,20 @@ fn run_seed(
     let mut rng = Rng::new(seed);
     let mut faults = Vec::new();
     let end = Instant::now() + secs;
+    // For the faults on the lock itself: a forced unlock, the server's data lost.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let operator = rt
+        .block_on(Locker::connect(&lock_server.url()))
+        .expect("operator");
     while Instant::now() + ms(300) < end {
         thread::sleep(rng.ms(20, 250));
         let w = rng.range(0, n as u64 - 1) as usize;
         let p = &proxies[w];
         let hold = rng.ms(50, 900);
-        let fault = match rng.range(0, 8) {
+        let fault = match rng.range(0, 10) {
             0 => {
                 let dir = if rng.chance(50) {
                     Direction::ToClient
@@ -205,6 +213,22 @@ fn run_seed(
                 thread::sleep(hold);
                 p.pass();
                 format!("rst-next {dir:?}")
+            }
+            8 => {
+                let freed = rt.block_on(operator.force_unlock(&key));
+                format!("force-unlock {:?}", freed.map_err(|e| e.to_string()))
+            }
+            9 => {
+                // A restart without data, as its clients see it: every lock and queue gone,
+                // every connection reset.
+                let mut c = redis::Client::open(lock_server.url())
+                    .and_then(|c| c.get_connection())
+                    .expect("lock server");
+                let () = redis::cmd("FLUSHALL").query(&mut c).expect("FLUSHALL");
+                for p in &proxies {
+                    p.reset_all();
+                }
+                "data lost".into()
             }
             _ => {
                 thread::sleep(hold);
@@ -403,24 +427,41 @@ async fn one_op(
     oracle: &mut Oracle,
     log: &Log,
 ) -> Result<Option<history::Outcome>, lockrt::LockError> {
+    // A section told `Lost` after it ran (by its release, or `run`) is recorded as such: the
+    // checker holds only the others to "no overlap, fences in order".
+    let told = |fence: u64, res: &Result<(), lockrt::LockError>| {
+        if res.as_ref().is_err_and(|e| e.is_lost()) {
+            history::told_lost(log, fence);
+        }
+    };
     match style {
-        0 => locker
-            .run(key, opts, async {
-                let fence = lockrt::current_lock().expect("inside run").fence();
-                history::section(oracle, log, fence, work, None).await
-            })
-            .await
-            .map(Some),
+        0 => {
+            let fence = std::sync::atomic::AtomicU64::new(0);
+            let res = locker
+                .run(key, opts, async {
+                    let f = lockrt::current_lock().expect("inside run").fence();
+                    fence.store(f, std::sync::atomic::Ordering::Relaxed);
+                    history::section(oracle, log, f, work, None).await
+                })
+                .await;
+            let f = fence.load(std::sync::atomic::Ordering::Relaxed);
+            if f != 0 {
+                told(f, &res.as_ref().map(|_| ()).map_err(Clone::clone));
+            }
+            res.map(Some)
+        }
         1 => {
             let g = locker.acquire(key, opts).await?;
-            let o = history::section(oracle, log, g.fence(), work, Some(&g)).await;
-            let _ = g.release().await;
+            let fence = g.fence();
+            let o = history::section(oracle, log, fence, work, Some(&g)).await;
+            told(fence, &g.release().await);
             Ok(Some(o))
         }
         _ => match locker.try_acquire(key, opts).await? {
             Some(g) => {
-                let o = history::section(oracle, log, g.fence(), work, Some(&g)).await;
-                let _ = g.release().await;
+                let fence = g.fence();
+                let o = history::section(oracle, log, fence, work, Some(&g)).await;
+                told(fence, &g.release().await);
                 Ok(Some(o))
             }
             None => Ok(None),
@@ -496,6 +537,21 @@ fn history_checker_fails_fences_out_of_order_and_stale_writes_accepted() {
     assert_eq!(r.fence_order.len(), 1, "{:?}", r.violations());
     assert_eq!(r.stale_accepted.len(), 1, "{:?}", r.violations());
     assert!(!r.is_ok());
+}
+
+#[test]
+fn history_checker_leaves_out_only_sections_told_lost() {
+    // Pid 2's section ran beside pid 1's with a lower fence, and both wrote from the same
+    // read: an overlap, a fence out of order and a lost update, unless pid 2 was told Lost.
+    let mut told = sec(2, 32 * 5 + 1, (150, 250), 0, true);
+    let sections = |told: &Section| vec![sec(1, 32 * 6, (100, 200), 0, true), told.clone()];
+    let r = history::check(&sections(&told), &[], oracle(1, 2, 0));
+    assert!(!r.overlaps.is_empty() && r.lost_updates == 1, "{r:?}");
+    assert!(!r.is_ok());
+    told.told_lost = true;
+    let r = history::check(&sections(&told), &[], oracle(1, 2, 0));
+    assert!(r.is_ok(), "{:?}", r.violations());
+    assert_eq!(r.told_lost, 1);
 }
 
 #[test]
