@@ -263,7 +263,7 @@ async fn c04_acquire_all_returns_within_its_bound_when_the_server_stops_answerin
 /// successor with `wait` 300 ms returns within its bound, not the holder's check's; once the
 /// server answers again, the check finds the lock still the lease's and both releases succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c05_a_local_successor_waits_for_the_hand_off_check_only_within_its_own_wait() {
+async fn c05_a_local_successor_starts_at_once_while_the_hand_off_check_waits() {
     let server = RedisServer::start().expect("start redis-server");
     let (connect, response, wait) = (ms(500), ms(500), ms(300));
     let locker = with_timeouts(server.url(), connect, response).await;
