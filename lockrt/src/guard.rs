@@ -230,6 +230,9 @@ impl Release {
             }
         };
         if matches!(res, Ok(Released::Freed)) {
+            if let Some(chain) = self.info.passed_chain() {
+                chain.proven(self.info.local);
+            }
             self.locker.wake(&self.info.key.tag);
         }
         self.account(&res, past);

@@ -215,11 +215,22 @@ impl Chain {
         };
         st.checking = next.is_some();
         drop(st);
-        if let Some((h, cause)) = told {
+        // Not a holder whose lease already ended (released, its outcome told).
+        if let Some((h, cause)) = told.filter(|(h, _)| !h.lost.is_cancelled()) {
             declare_lost(&h, cause);
         }
         self.changed.notify_waiters();
         next
+    }
+
+    /// The holder at place `at` released the lock in the backend and found it its own: that
+    /// covers every section up to its end, as a check sent then would (a check still out that
+    /// then finds the lock gone, released, tells nobody before it a loss that was none).
+    pub(crate) fn proven(&self, at: u32) {
+        let mut st = self.state();
+        st.covered = st.covered.max(at.saturating_add(1));
+        drop(st);
+        self.changed.notify_waiters();
     }
 
     /// Waits (bounded) for the check that covers the end of the section at place `at` (the
@@ -378,6 +389,11 @@ impl LeaseInfo {
             lease,
             passed_to,
         }
+    }
+
+    /// The chain of holders this lease was passed between, if it was.
+    pub(crate) fn passed_chain(&self) -> Option<&Arc<Chain>> {
+        self.chain.get()
     }
 
     /// The chain of holders this lease is passed between (made on first use).
