@@ -229,6 +229,17 @@ impl Release {
                 end_lease(self.locker.backend(), &self.info, self.info.kept_until()).await
             }
         };
+        // A section started on a passed-on lease that no check covered, whose own release
+        // could not tell either: nothing vouches for it (another may have held the lock).
+        let res = match (&res, self.info.passed_chain()) {
+            (Err(_), Some(chain))
+                if self.info.local > 0 && !chain.covers_start(self.info.local) =>
+            {
+                crate::lease::declare_lost(&self.info, LossCause::HandOffCheck);
+                Ok(Released::NotOwner)
+            }
+            _ => res,
+        };
         if matches!(res, Ok(Released::Freed)) {
             if let Some(chain) = self.info.passed_chain() {
                 chain.proven(self.info.local);

@@ -209,7 +209,10 @@ impl Chain {
                 None
             }
             Err(e) => {
+                // Could not tell: the sections it was to cover, the running one included, cannot
+                // be vouched for (another may hold the lock): a loss, never a success.
                 st.failed = Some(Err(e));
+                told = holder.map(|h| (h, LossCause::HandOffCheck));
                 None
             }
         };
@@ -231,6 +234,11 @@ impl Chain {
         st.covered = st.covered.max(at.saturating_add(1));
         drop(st);
         self.changed.notify_waiters();
+    }
+
+    /// Whether a check found the lock still the lease's after the hand-off to place `at`.
+    pub(crate) fn covers_start(&self, at: u32) -> bool {
+        self.state().covered >= at
     }
 
     /// Waits (bounded) for the check that covers the end of the section at place `at` (the
