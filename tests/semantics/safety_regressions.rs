@@ -450,3 +450,56 @@ async fn d04_cancelled_try_acquire_leaves_no_lock() {
     }
     assert_eq!(cancelled.load(Ordering::Relaxed), 20);
 }
+
+/// Defect found by the review of the optimistic local hand-off: the lock deleted and taken by
+/// another locker, then the hand-off's check gets no answer (the passing locker cut off from
+/// Redis). The successor ran beside the other holder and `run_checked` said held throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d20_a_hand_off_check_without_answer_is_no_success() {
+    let server = RedisServer::start().unwrap();
+    let proxy = lockrt::testing::FaultProxy::in_front_of(&server).unwrap();
+    let a = Locker::builder()
+        .url(proxy.url())
+        .response_timeout(ms(300))
+        .build()
+        .await
+        .unwrap();
+    let b = Locker::connect(&server.url()).await.unwrap();
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let ttl = ms(10_000);
+    let g = a.acquire("k", opts().ttl(ttl)).await.unwrap();
+    let a2 = a.clone();
+    let w = tokio::spawn(async move {
+        let same = opts().ttl(ttl).wait(ms(10_000));
+        let c = a2
+            .run_checked("k", same, async {
+                let fence = lockrt::current_lock().unwrap().fence();
+                tokio::time::sleep(ms(300)).await;
+                fence
+            })
+            .await;
+        c.map(|c| (c.held_throughout(), c.output()))
+    });
+    support::settle(async || a.stats().waiting == 1, "the successor waits").await;
+    let () = conn.del("lock:k").await.unwrap();
+    let other = b.acquire("k", opts().ttl(ttl)).await.unwrap();
+    proxy.blackhole();
+    let released = g.release().await;
+    assert!(released.is_err(), "{released:?}");
+    match w.await.unwrap() {
+        Ok((held, fence)) => {
+            assert_eq!(fence % 32, 1, "passed on");
+            assert!(
+                !held,
+                "a section beside another holder was reported held throughout"
+            );
+        }
+        Err(e) => assert!(e.is_lost() || e.is_backend(), "{e:?}"),
+    }
+    proxy.pass();
+    other.release().await.unwrap();
+}
