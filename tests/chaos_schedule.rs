@@ -429,8 +429,8 @@ async fn one_op(
 ) -> Result<Option<history::Outcome>, lockrt::LockError> {
     // A section told `Lost` after it ran (by its release, or `run`) is recorded as such: the
     // checker holds only the others to "no overlap, fences in order".
-    let told = |fence: u64, res: &Result<(), lockrt::LockError>| {
-        if res.as_ref().is_err_and(|e| e.is_lost()) {
+    let told = |fence: u64, res: Result<(), &lockrt::LockError>| {
+        if res.is_err_and(|e| e.is_lost()) {
             history::told_lost(log, fence);
         }
     };
@@ -446,7 +446,7 @@ async fn one_op(
                 .await;
             let f = fence.load(std::sync::atomic::Ordering::Relaxed);
             if f != 0 {
-                told(f, &res.as_ref().map(|_| ()).map_err(Clone::clone));
+                told(f, res.as_ref().map(|_| ()));
             }
             res.map(Some)
         }
@@ -454,14 +454,14 @@ async fn one_op(
             let g = locker.acquire(key, opts).await?;
             let fence = g.fence();
             let o = history::section(oracle, log, fence, work, Some(&g)).await;
-            told(fence, &g.release().await);
+            told(fence, g.release().await.as_ref().copied());
             Ok(Some(o))
         }
         _ => match locker.try_acquire(key, opts).await? {
             Some(g) => {
                 let fence = g.fence();
                 let o = history::section(oracle, log, fence, work, Some(&g)).await;
-                told(fence, &g.release().await);
+                told(fence, g.release().await.as_ref().copied());
                 Ok(Some(o))
             }
             None => Ok(None),

@@ -164,17 +164,15 @@ impl Chain {
         self.state().failed.is_some()
     }
 
-    /// `info` holds the lease now. `false`: a check already found the lock gone, and `info`
-    /// is told so.
-    pub(crate) fn adopt(&self, info: &Arc<LeaseInfo>) -> bool {
+    /// `info` holds the lease now; told at once when a check already found the lock gone.
+    pub(crate) fn adopt(&self, info: &Arc<LeaseInfo>) {
         let mut st = self.state();
         if let Some(Ok(cause)) = st.failed {
             drop(st);
             declare_lost(info, cause);
-            return false;
+            return;
         }
         st.holder = Some(Arc::downgrade(info));
-        true
     }
 
     /// The check sent at `sent` for the hand-off to place `to` found `found` (a lease of
