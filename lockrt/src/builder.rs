@@ -356,6 +356,11 @@ impl LockerBuilder {
     /// `false` keeps `PUBLISH` (for a proxy in front of the cluster that does not pass shard
     /// channels on). Older servers, standalone and Sentinel always use `PUBLISH`.
     ///
+    /// Every locker of one Cluster must use the same setting: one that listens with
+    /// `SSUBSCRIBE` does not hear `PUBLISH`, nor the other way round. A mismatch never lets
+    /// two hold one lock, but its waiters learn of a release from their fallback timer (up to
+    /// a second late) and its holders of a forced unlock at their next renewal.
+    ///
     /// ```
     /// let broadcast = lockrt::Locker::builder().sharded_pubsub(false);
     /// # let _ = broadcast;

@@ -66,6 +66,8 @@ pub struct LockerConfig {
     pub safety_margin: Option<Duration>,
     /// [`LockerBuilder::local_handoff`].
     pub local_handoff: Option<u32>,
+    /// [`LockerBuilder::sharded_pubsub`]: every locker of one Cluster must agree.
+    pub sharded_pubsub: Option<bool>,
     /// [`LockerBuilder::service_name`]: the name every lock of this service shows in
     /// `lockctl` and [`Locker::lock_info`](crate::Locker::lock_info).
     pub service_name: Option<String>,
@@ -94,6 +96,7 @@ impl fmt::Debug for LockerConfig {
             .field("response_timeout", &self.response_timeout)
             .field("safety_margin", &self.safety_margin)
             .field("local_handoff", &self.local_handoff)
+            .field("sharded_pubsub", &self.sharded_pubsub)
             .field("service_name", &self.service_name)
             .finish()
     }
@@ -101,7 +104,7 @@ impl fmt::Debug for LockerConfig {
 
 impl LockerConfig {
     /// The environment variables [`LockerBuilder::from_env`] reads, in the order it reads them.
-    pub const ENV_VARS: [&str; 13] = [
+    pub const ENV_VARS: [&str; 14] = [
         "LOCKRT_URL",
         "REDIS_URL",
         "LOCKRT_SENTINEL_MASTER_USERNAME",
@@ -114,6 +117,7 @@ impl LockerConfig {
         "LOCKRT_RESPONSE_TIMEOUT",
         "LOCKRT_SAFETY_MARGIN",
         "LOCKRT_LOCAL_HANDOFF",
+        "LOCKRT_SHARDED_PUBSUB",
         "LOCKRT_SERVICE_NAME",
     ];
 
@@ -161,6 +165,15 @@ impl LockerConfig {
                     })
                 })
                 .transpose()?,
+            sharded_pubsub: get("LOCKRT_SHARDED_PUBSUB")
+                .map(|v| match v.trim().to_ascii_lowercase().as_str() {
+                    "true" | "1" | "on" => Ok(true),
+                    "false" | "0" | "off" => Ok(false),
+                    _ => Err(LockError::Config(format!(
+                        "LOCKRT_SHARDED_PUBSUB={v:?} is not `true` or `false`"
+                    ))),
+                })
+                .transpose()?,
             service_name: get("LOCKRT_SERVICE_NAME"),
             ..LockerConfig::default()
         })
@@ -183,6 +196,7 @@ impl LockerBuilder {
     /// | `LOCKRT_RESPONSE_TIMEOUT` | [`response_timeout`](Self::response_timeout) | `500ms` |
     /// | `LOCKRT_SAFETY_MARGIN` | [`safety_margin`](Self::safety_margin) | `100ms` |
     /// | `LOCKRT_LOCAL_HANDOFF` | [`local_handoff`](Self::local_handoff) | `16`, `0` |
+    /// | `LOCKRT_SHARDED_PUBSUB` | [`sharded_pubsub`](Self::sharded_pubsub) | `true`, `false` |
     /// | `LOCKRT_SERVICE_NAME` | [`service_name`](Self::service_name) | `billing` |
     ///
     /// With neither `LOCKRT_URL` nor `REDIS_URL` set (and no `.url(..)` added),
@@ -227,6 +241,7 @@ impl LockerBuilder {
             response_timeout,
             safety_margin,
             local_handoff,
+            sharded_pubsub,
             service_name,
         } = config;
         let mut b = servers(LockerBuilder::default(), url, cluster, sentinels, service)?;
@@ -261,6 +276,9 @@ impl LockerBuilder {
         }
         if let Some(n) = local_handoff {
             b = b.local_handoff(n);
+        }
+        if let Some(on) = sharded_pubsub {
+            b = b.sharded_pubsub(on);
         }
         if let Some(name) = service_name {
             b = b.service_name(name);
@@ -349,6 +367,7 @@ mod tests {
             ("LOCKRT_RESPONSE_TIMEOUT", "500ms"),
             ("LOCKRT_SAFETY_MARGIN", " 200ms "),
             ("LOCKRT_LOCAL_HANDOFF", " 4 "),
+            ("LOCKRT_SHARDED_PUBSUB", "False"),
         ]))
         .unwrap();
         assert_eq!(c.url.as_deref(), Some("redis://a:6379/"));
@@ -360,6 +379,7 @@ mod tests {
         assert_eq!(c.response_timeout, Some(Duration::from_millis(500)));
         assert_eq!(c.safety_margin, Some(Duration::from_millis(200)));
         assert_eq!(c.local_handoff, Some(4));
+        assert_eq!(c.sharded_pubsub, Some(false));
     }
 
     #[test]
@@ -388,6 +408,7 @@ mod tests {
             ("LOCKRT_RESPONSE_TIMEOUT", "fast"),
             ("LOCKRT_SAFETY_MARGIN", "100 ms!"),
             ("LOCKRT_LOCAL_HANDOFF", "sixteen"),
+            ("LOCKRT_SHARDED_PUBSUB", "maybe"),
         ] {
             let err = LockerConfig::from_lookup(lookup(&[
                 ("LOCKRT_URL", "redis://:hunter2@a:6379/"),

@@ -219,6 +219,90 @@ async fn a_waiters_shard_channel_follows_its_slot_to_another_master() {
     assert_woken_promptly(got.saturating_duration_since(released));
 }
 
+/// A master is killed and its replica promoted: the subscriber's channels on the dead master
+/// (a waiter's release channel, a holder's revoke channel) are subscribed again on the
+/// promoted replica, so a forced unlock still reaches the holder at once and a release still
+/// wakes the waiter, not their renewal (10 s) or fallback timer. Found by an adversary probe:
+/// before, nothing was subscribed on the new master 20 s after the promotion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_moves_shard_channels_to_the_promoted_replica() {
+    let mut cluster = RedisCluster::start(3, 1).expect("start 3 masters with a replica each");
+    if !has_shard_channels(&cluster).await {
+        return older_server("a_failover_moves_shard_channels_to_the_promoted_replica");
+    }
+    let (holder, waiter, admin) = (
+        locker(&cluster, true).await,
+        locker(&cluster, true).await,
+        locker(&cluster, true).await,
+    );
+    let (forced_key, waited_key) = (
+        key_on(&cluster, 0, "fo-forced-"),
+        key_on(&cluster, 0, "fo-wait-"),
+    );
+    let opts = LockOptions::new().ttl(ms(30_000));
+    let forced = holder.acquire(&forced_key, opts).await.unwrap();
+    let waited = holder.acquire(&waited_key, opts).await.unwrap();
+    let mut raw = Raw::cluster(&cluster.seed_urls()).await;
+    let w = spawn_waiter(&waiter, &waited_key, ms(40_000));
+    raw.until_queued(&waited_key, 1).await;
+    let rel = format!("{{lock:{waited_key}}}:rel");
+    assert!(
+        until_shard_subscribers(&cluster, 0, &rel, 1)
+            .await
+            .is_some()
+    );
+    let slot = slot_of(format!("lock:{forced_key}"));
+    let revoke = (0u64..)
+        .map(|n| format!("lock:revoke:{{{n}}}"))
+        .find(|c| slot_of(c.as_bytes()) == slot)
+        .expect("a revoke channel of the slot");
+    assert!(
+        until_shard_subscribers(&cluster, 0, &revoke, 1)
+            .await
+            .is_some()
+    );
+
+    let replica = (cluster.nodes().expect("nodes").into_iter())
+        .find(|n| n.master == Some(0))
+        .expect("master 0 has a replica")
+        .index;
+    cluster.kill(0);
+    let promoted = within(ms(30_000), async || {
+        cluster.master_of_slot(slot).ok() == Some(replica)
+    })
+    .await;
+    assert!(promoted.is_some(), "the replica never took over");
+    let followed = within(ms(10_000), async || {
+        shard_subscribers(&cluster, replica, &rel).await == 1
+            && shard_subscribers(&cluster, replica, &revoke).await == 1
+    })
+    .await;
+    figure(
+        "a_failover_moves_shard_channels_to_the_promoted_replica",
+        format!(
+            "promoted {promoted:?} after the kill; channels subscribed there {followed:?} later"
+        ),
+    );
+    assert!(
+        followed.is_some(),
+        "the channels stayed with the dead master"
+    );
+
+    let unlocked = Instant::now();
+    assert!(admin.force_unlock(&forced_key).await.unwrap());
+    let told = within(ms(3_000), async || forced.is_lost()).await;
+    assert!(
+        told.is_some(),
+        "the holder learns of the forced unlock only at its renewal"
+    );
+    assert!(unlocked.elapsed() < ms(3_000));
+    let released = Instant::now();
+    waited.release().await.unwrap();
+    let (got, res) = w.await.unwrap();
+    res.expect("the waiter is served").release().await.unwrap();
+    assert_woken_promptly(got.saturating_duration_since(released));
+}
+
 /// A forced unlock names the holder's token on its slot's revoke channel, which the
 /// holder's locker listens to on that slot's master: the holder learns of it long before its
 /// next renewal (a third of a 30 s lease).

@@ -46,6 +46,12 @@ const RECONNECT_DELAY: Duration = Duration::from_millis(200);
 /// every waiter retries, rather than each learning of releases from its fallback timer only.
 const KEEPALIVE: Duration = Duration::from_secs(1);
 
+/// After a node of a sharded wire was lost (or the wire was replaced), how long the task
+/// watches the shard layout for a failover, and how often it looks. A Cluster promotes a
+/// replica after its node timeout (15 s by default): the watch outlasts a few of those.
+const WATCH: Duration = Duration::from_secs(120);
+const WATCH_EVERY: Duration = Duration::from_millis(500);
+
 /// (Un)subscribe the release channel of the lock with this tag, or a revoke channel.
 pub(crate) enum SubCmd {
     Subscribe(Arc<str>, oneshot::Sender<Result<(), BackendError>>),
@@ -78,6 +84,8 @@ enum Event {
     MasterSwitched,
     /// The connection has been silent for [`KEEPALIVE`].
     Silent,
+    /// Time to compare the shard layout with the wire's (see [`WATCH`]).
+    Watch,
 }
 
 /// The subscriber task's state: the connection, which channels it has subscribed, which of
@@ -104,6 +112,9 @@ pub(crate) struct Task {
     revoke_due: HashMap<Arc<str>, Instant>,
     /// Revoke channels the server refused on this connection (an ACL): not asked again on it.
     revoke_refused: HashSet<Arc<str>>,
+    /// Until when, and when next, to look for a failover (a sharded wire only, see [`WATCH`]).
+    watch_until: Option<Instant>,
+    watch_at: Option<Instant>,
 }
 
 impl Task {
@@ -128,6 +139,8 @@ impl Task {
             revoke_sweep: None,
             revoke_due: HashMap::new(),
             revoke_refused: HashSet::new(),
+            watch_until: None,
+            watch_at: None,
         }
     }
 
@@ -163,6 +176,7 @@ impl Task {
                     self.reset(Instant::now());
                 }
                 Event::Reconnect => self.on_reconnect().await,
+                Event::Watch => self.on_watch().await,
                 Event::MasterSwitched => {
                     if self.conn.is_some() {
                         tracing::info!(addr = %self.remote.addr, "master switched; resubscribing on the new master");
@@ -182,6 +196,7 @@ impl Task {
         let listening = !self.subscribed.is_empty() || !self.revoke_subscribed.is_empty();
         let ping_at = (self.conn.is_some() && listening).then(|| self.heard + KEEPALIVE);
         let revoke_due = self.revoke_due.values().min().copied();
+        let watch_at = self.watch_at.filter(|_| self.conn.is_some() && listening);
         let conn = &mut self.conn;
         let switches = &mut self.switches;
         tokio::select! {
@@ -197,6 +212,7 @@ impl Task {
             } => Event::Incoming(incoming),
             () = sleep_until(reconnect_at) => Event::Reconnect,
             () = sleep_until(ping_at) => Event::Silent,
+            () = sleep_until(watch_at) => Event::Watch,
         }
     }
 
@@ -227,8 +243,12 @@ impl Task {
             }
             Incoming::Dropped(channel) => self.on_dropped(&channel).await,
             // redis-rs reconnects the node and resubscribes its channels (`Resubscribed`
-            // follows); what was published before is missed either way.
-            Incoming::NodeLost => self.missed(),
+            // follows); what was published before is missed either way. A dead node's
+            // channels come back only with a new layout: the task watches for one.
+            Incoming::NodeLost => {
+                self.missed();
+                self.watch(Instant::now());
+            }
             Incoming::Nothing => {}
         }
     }
@@ -427,6 +447,32 @@ impl Task {
         self.missed();
     }
 
+    /// Looks for a failover from `now` on, for [`WATCH`] (a sharded wire only).
+    fn watch(&mut self, now: Instant) {
+        if self.remote.delivery == Delivery::Sharded {
+            self.watch_until = Some(now + WATCH);
+            self.watch_at = Some(now + WATCH_EVERY);
+        }
+    }
+
+    /// Replaces a sharded wire whose layout changed (a replica promoted in place of a lost
+    /// master): the new one subscribes every channel where its slot is served now.
+    async fn on_watch(&mut self) {
+        let now = Instant::now();
+        if self.watch_until.is_none_or(|until| until <= now) {
+            (self.watch_until, self.watch_at) = (None, None);
+            return;
+        }
+        self.watch_at = Some(now + WATCH_EVERY);
+        let Some(wire) = self.conn.as_mut() else {
+            return;
+        };
+        if let Ok(Some(true)) = tokio::time::timeout(self.remote.timeout, wire.moved()).await {
+            tracing::info!(addr = %self.remote.addr, "a shard has a new master; subscribing again where each slot is served now");
+            self.reset(now);
+        }
+    }
+
     /// Drops the connection and everything subscribed on it; reconnects at `at`.
     fn reset(&mut self, at: Instant) {
         self.conn = None;
@@ -435,6 +481,8 @@ impl Task {
         self.revoke_subscribed.clear();
         self.revoke_refused.clear();
         self.reconnect_at = Some(at);
+        // The new wire may be built on a layout that is about to change.
+        self.watch(Instant::now());
         // Releases may have been missed: let every waiter retry now.
         self.missed();
     }
@@ -500,7 +548,9 @@ impl Task {
             #[cfg(feature = "cluster")]
             if delivery == Delivery::Sharded {
                 let (conn, pushes) = connector.sharded_pubsub().await?;
-                return Ok(Wire::Sharded(Shards::new(conn, pushes)));
+                let mut shards = Shards::new(conn, pushes);
+                shards.built_on = shards.layout().await.ok();
+                return Ok(Wire::Sharded(shards));
             }
             let _ = delivery;
             let (sink, stream) = connector

@@ -14,6 +14,10 @@
 //! redis-rs resubscribes a node's shard channels after a reconnect or a new slot map, but not
 //! one the server unsubscribed (its slot moved to another shard): the wire reports both
 //! ([`Incoming`]), and the task subscribes the moved one again and lets its waiters retry.
+//! Nor does it learn of a failover by itself: a subscription-only connection sends nothing
+//! that a promoted replica would answer with `MOVED`, so the channels of a dead master stay
+//! with it. The wire keeps the shard layout it was built on ([`Layout`]) for the task to
+//! compare with the server's after a node is lost.
 
 #[cfg(feature = "cluster")]
 use std::collections::HashMap;
@@ -76,11 +80,18 @@ pub(crate) enum Wire {
     Sharded(Shards),
 }
 
+/// Which node is master of which slots (`CLUSTER SLOTS`: first slot, last slot, the
+/// master's address and node id), in the server's order.
+#[cfg(feature = "cluster")]
+pub(crate) type Layout = Vec<(i64, i64, Vec<u8>, i64, Vec<u8>)>;
+
 /// A RESP3 cluster connection used for shard channels only, with its pushes.
 #[cfg(feature = "cluster")]
 pub(crate) struct Shards {
     pub(crate) conn: redis::cluster_async::ClusterConnection,
     pub(crate) pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+    /// The layout the connection was made on, when it could be read (see [`Wire::moved`]).
+    pub(crate) built_on: Option<Layout>,
     /// Confirmations this wire asked for and has not seen yet, per channel (subscribe,
     /// unsubscribe): any other is the server's or redis-rs's doing.
     asked: HashMap<Vec<u8>, (u32, u32)>,
@@ -95,8 +106,21 @@ impl Shards {
         Shards {
             conn,
             pushes,
+            built_on: None,
             asked: HashMap::new(),
         }
+    }
+
+    /// The server's current layout, asked of any node.
+    pub(crate) async fn layout(&mut self) -> redis::RedisResult<Layout> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let reply = (self.conn)
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await?;
+        Ok(parse_layout(reply))
     }
 
     fn expect(&mut self, channel: &str, subscribe: bool) {
@@ -200,6 +224,20 @@ impl Wire {
         }
     }
 
+    /// Whether the server's shard layout differs from the one this wire was built on (a
+    /// failover or a moved slot range): `None` when that cannot be told now (a broadcast
+    /// wire, or no node answered). A wire built without a layout takes the first one read.
+    pub(crate) async fn moved(&mut self) -> Option<bool> {
+        match self {
+            Wire::Broadcast(..) => None,
+            #[cfg(feature = "cluster")]
+            Wire::Sharded(s) => {
+                let now = s.layout().await.ok()?;
+                Some(*s.built_on.get_or_insert_with(|| now.clone()) != now)
+            }
+        }
+    }
+
     /// Whether a message proves the whole wire alive (one connection), so that it needs no
     /// `PING` for a while; a sharded wire's message proves only its own node's.
     pub(crate) fn one_connection(&self) -> bool {
@@ -217,6 +255,46 @@ impl Wire {
             Wire::Sharded(s) => s.pushes.recv().await.map(|push| s.incoming(push)),
         }
     }
+}
+
+/// The masters of a `CLUSTER SLOTS` reply; anything it cannot read is left out (the
+/// comparison then sees a change, which costs one reconnect, never a missed failover).
+#[cfg(feature = "cluster")]
+fn parse_layout(reply: redis::Value) -> Layout {
+    use redis::Value;
+    let Value::Array(ranges) = reply else {
+        return Vec::new();
+    };
+    let field = |v: Option<&Value>| match v {
+        Some(Value::Int(n)) => Some(*n),
+        _ => None,
+    };
+    let bytes = |v: Option<&Value>| match v {
+        Some(Value::BulkString(b)) => b.clone(),
+        Some(Value::SimpleString(s)) => s.clone().into_bytes(),
+        _ => Vec::new(),
+    };
+    let mut layout: Layout = ranges
+        .iter()
+        .filter_map(|range| {
+            let Value::Array(range) = range else {
+                return None;
+            };
+            let Some(Value::Array(master)) = range.get(2) else {
+                return None;
+            };
+            Some((
+                field(range.first())?,
+                field(range.get(1))?,
+                bytes(master.first()),
+                field(master.get(1))?,
+                bytes(master.get(2)),
+            ))
+        })
+        .collect();
+    // Nodes may list the ranges in different orders.
+    layout.sort();
+    layout
 }
 
 #[cfg(test)]
@@ -245,5 +323,62 @@ mod tests {
                 "{cluster} {version:?} {allowed}"
             );
         }
+    }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn a_layout_is_the_masters_of_each_range_in_any_order() {
+        use redis::Value::{Array, BulkString, Int};
+        let node = |ip: &str, port, id: &str| {
+            Array(vec![
+                BulkString(ip.into()),
+                Int(port),
+                BulkString(id.into()),
+            ])
+        };
+        let range = |a, b, master, replica| Array(vec![Int(a), Int(b), master, replica]);
+        let before = Array(vec![
+            range(
+                8192,
+                16383,
+                node("127.0.0.1", 7001, "b"),
+                node("127.0.0.1", 7003, "d"),
+            ),
+            range(
+                0,
+                8191,
+                node("127.0.0.1", 7000, "a"),
+                node("127.0.0.1", 7002, "c"),
+            ),
+        ]);
+        let same = Array(vec![
+            range(
+                0,
+                8191,
+                node("127.0.0.1", 7000, "a"),
+                node("127.0.0.1", 7002, "c"),
+            ),
+            range(
+                8192,
+                16383,
+                node("127.0.0.1", 7001, "b"),
+                node("127.0.0.1", 7003, "d"),
+            ),
+        ]);
+        // The replica of the first range took over.
+        let promoted = Array(vec![
+            range(0, 8191, node("127.0.0.1", 7002, "c"), Array(vec![])),
+            range(
+                8192,
+                16383,
+                node("127.0.0.1", 7001, "b"),
+                node("127.0.0.1", 7003, "d"),
+            ),
+        ]);
+        let before = parse_layout(before);
+        assert_eq!(before.len(), 2);
+        assert_eq!(before, parse_layout(same));
+        assert_ne!(before, parse_layout(promoted));
+        assert!(parse_layout(Int(1)).is_empty());
     }
 }
