@@ -217,11 +217,16 @@ impl Release {
             .as_ref()
             .and_then(|e| crate::handoff::pass_on(&self.locker, &self.info, e));
         let res = match (entry, passed) {
-            (Some(entry), Some(to)) => {
+            (Some(entry), Some((to, check))) => {
                 // Gives up the turn: the longest waiter of this locker takes the lease (and
-                // runs at once), while the check covering this holder's end is out.
+                // runs at once, on this thread when this task yields), then the check
+                // covering this holder's end goes out.
                 self.finish();
                 crate::handoff::reclaim(&self.locker, &entry);
+                if check.is_some() {
+                    tokio::task::yield_now().await;
+                }
+                drop(check);
                 crate::handoff::confirm(&self.locker, &self.info, &entry, to).await
             }
             (entry, _) => {

@@ -33,8 +33,16 @@ use crate::wait::EntryHandle;
 /// it ends), no check of the lease found it gone and the locker is not shutting down. The
 /// owner check covering this holder's end goes out now, unless one is out already (that one
 /// sends it when it returns; see [`Chain`](crate::lease::Chain)). The place in the run the
-/// lease went to, if it did; the caller then gives up its turn and calls [`confirm`].
-pub(crate) fn pass_on(locker: &Locker, info: &LeaseInfo, entry: &EntryHandle) -> Option<u32> {
+/// lease went to, if it did, and the check to send; the caller then gives up its turn, lets
+/// the next holder run, sends the check and calls [`confirm`].
+pub(crate) fn pass_on(
+    locker: &Locker,
+    info: &LeaseInfo,
+    entry: &EntryHandle,
+) -> Option<(
+    u32,
+    Option<Check<impl Future<Output = ()> + Send + 'static>>,
+)> {
     let limit = locker.settings().local_handoff;
     let pending_min_hold = info.kept_until().is_some_and(|k| k > Instant::now());
     // A shared lease (a read share, a permit) is never passed on: the callers queued on the
@@ -58,15 +66,39 @@ pub(crate) fn pass_on(locker: &Locker, info: &LeaseInfo, entry: &EntryHandle) ->
     let rt = tokio::runtime::Handle::try_current().ok()?;
     let to = baton.local;
     let chain = info.chain();
-    if chain.pass(to)? {
+    let check = match chain.pass(to)? {
         // Counted before anyone can take the lease: no later holder releases it before the
         // check.
-        let check = chain.checking();
-        let task = check_owner(locker.clone(), info, to, check);
-        locker.inner.cleanups.spawn_on(task, &rt);
-    }
+        true => Some(Check {
+            task: Some(check_owner(locker.clone(), info, to, chain.checking())),
+            locker: locker.clone(),
+            rt,
+        }),
+        false => None,
+    };
     entry.put_baton(baton);
-    Some(to)
+    Some((to, check))
+}
+
+/// An owner check to send. It is sent when dropped, so a holder whose release is cancelled
+/// before it sent the check leaves the sections after it covered all the same.
+///
+/// The passing holder sends it after the next holder had its first poll: spawning a task
+/// wakes an idle worker thread, which on a virtual machine costs 60-200 µs after an idle
+/// spell, and the next holder would wait for that (it runs on this thread once the release
+/// yields).
+pub(crate) struct Check<F: Future<Output = ()> + Send + 'static> {
+    task: Option<F>,
+    locker: Locker,
+    rt: tokio::runtime::Handle,
+}
+
+impl<F: Future<Output = ()> + Send + 'static> Drop for Check<F> {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            self.locker.inner.cleanups.spawn_on(task, &self.rt);
+        }
+    }
 }
 
 /// The owner checks of `info`'s lease from the hand-off to place `to` on: one round trip

@@ -503,3 +503,37 @@ async fn d20_a_hand_off_check_without_answer_is_no_success() {
     proxy.pass();
     other.release().await.unwrap();
 }
+
+/// The passing holder sends its owner check after the next holder's first poll: a release
+/// cancelled in between (its future dropped right after the hand-off) still sends it, so a
+/// successor on a lock lost before the hand-off is told `Lost` at once, not at its renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d21_a_release_cancelled_right_after_the_hand_off_still_checks() {
+    let server = RedisServer::start().unwrap();
+    let a = Locker::connect(&server.url()).await.unwrap();
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let ttl = ms(30_000);
+    let g = a.acquire("k", opts().ttl(ttl)).await.unwrap();
+    let a2 = a.clone();
+    let w = tokio::spawn(async move {
+        let g = a2.acquire("k", opts().ttl(ttl).wait(ms(10_000))).await?;
+        let fence = g.fence();
+        let told = tokio::time::timeout(ms(3_000), g.lost()).await.is_ok();
+        Ok::<_, lockrt::LockError>((fence, told, g.release().await))
+    });
+    support::settle(async || a.stats().waiting == 1, "the successor waits").await;
+    let () = conn.del("lock:k").await.unwrap();
+    // One poll: the lease goes to the successor and the release yields before the check.
+    let mut release = Box::pin(g.release());
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(release.as_mut().poll(cx))).await;
+    assert!(first.is_pending(), "the release waits for the check");
+    drop(release);
+    let (fence, told, released) = w.await.unwrap().unwrap();
+    assert_eq!(fence % 32, 1, "passed on");
+    assert!(told, "the successor was not told its lock was gone");
+    assert!(released.is_err_and(|e| e.is_lost()), "released as if held");
+}

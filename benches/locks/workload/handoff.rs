@@ -16,12 +16,13 @@ use crate::stats::{Figures, pct, us};
 use crate::table::{Table, Unit};
 
 const HANDOFF: &str = "4 hand-off";
-const IMPS_HANDOFF: [&str; 5] = [
+const IMPS_HANDOFF: [&str; 6] = [
     "floor (BLPOP-signalled; DEL, then LPUSH; from LPUSH start)",
     "floor' (BLPOP-signalled; DEL+LPUSH in 1 MULTI; from release start)",
     "lockrt (2 Lockers)",
     "lockrt (same Locker)",
     "rslock (retry 3 × 0..200 ms)",
+    "task wake-up (tokio oneshot, no lock)",
 ];
 /// How long a lockrt waiter waits at most.
 const LOCKRT_WAITER_WAIT: Duration = Duration::from_secs(5);
@@ -54,6 +55,24 @@ async fn sample<L: BenchLock>(
     tokio::time::sleep_until((held_at + hold).into()).await;
     let start = holder.hand_over(key, guard).await?;
     let got = tokio::time::timeout(Duration::from_secs(10), task).await???;
+    Ok(got.saturating_duration_since(start))
+}
+
+/// The floor of a hand-off within one process: a task waiting on a oneshot channel, sent at
+/// the end of the same hold, measured from the send to the task running.
+async fn wake_up(i: usize, hold: Duration) -> Res<Duration> {
+    let held_at = Instant::now();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let offset = waiter_offset(i, hold);
+    let task = tokio::spawn(async move {
+        tokio::time::sleep_until((held_at + offset).into()).await;
+        let _ = rx.await;
+        Instant::now()
+    });
+    tokio::time::sleep_until((held_at + hold).into()).await;
+    let start = Instant::now();
+    let _ = tx.send(());
+    let got = tokio::time::timeout(Duration::from_secs(10), task).await??;
     Ok(got.saturating_duration_since(start))
 }
 
@@ -94,10 +113,11 @@ impl Columns {
             }
             2 => sample(&self.a, &self.b_waiter, "bench:h", i, hold).await,
             3 => sample(&self.a, &self.a_waiter, "bench:h", i, hold).await,
-            _ => {
+            4 => {
                 let [ra, rb] = &self.rslock;
                 sample(ra, rb, "bench:h:rslock", i, hold).await
             }
+            _ => wake_up(i, hold).await,
         }
     }
 }
@@ -109,11 +129,11 @@ pub(crate) async fn run(env: &Env, cfg: &Config, figs: &mut Figures) -> Res<()> 
     for round in 0..=cfg.rounds {
         // Round 0 is a short warm-up.
         let n = if round == 0 { 2 } else { cfg.handoffs };
-        let mut samples: [Vec<Duration>; 5] = Default::default();
+        let mut samples: [Vec<Duration>; 6] = Default::default();
         for i in 0..n {
             // Rotate the order so no implementation always runs right after another.
-            for k in 0..5 {
-                let which = (k + i) % 5;
+            for k in 0..6 {
+                let which = (k + i) % 6;
                 samples[which].push(columns.sample(which, i, cfg.hold).await?);
             }
         }
@@ -137,7 +157,7 @@ pub(crate) fn report(figs: &Figures, cfg: &Config, t: &mut Table) {
     for (k, imp) in IMPS_HANDOFF.iter().enumerate() {
         let v = median(imp);
         let row = t.row(HANDOFF, imp, &metric, v, Unit::Us);
-        if k > 0 {
+        if k > 0 && k < 5 {
             row.ratio(v / floor, "of floor");
         }
         if k == 2 || k == 3 {
@@ -149,6 +169,16 @@ pub(crate) fn report(figs: &Figures, cfg: &Config, t: &mut Table) {
                 v / median(IMPS_HANDOFF[1])
             ))
             .met(r <= 1.5 && speedup >= 20.0);
+        }
+        if k == 3 {
+            let wake = median(IMPS_HANDOFF[5]);
+            t.row(HANDOFF, imp, "idle waiter woken", v, Unit::Us)
+                .ratio(v / wake, "of a task wake-up")
+                .target(&format!(
+                    "median ≤ 50 µs (is {v:.1} µs; a bare task wake-up after the same hold \
+                     is {wake:.1} µs here)"
+                ))
+                .met(v <= 50.0);
         }
         let max = figs.get(HANDOFF, imp, "max");
         t.row(HANDOFF, imp, "release → acquired, max", max, Unit::Us);
