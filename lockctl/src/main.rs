@@ -61,7 +61,8 @@ enum Command {
         /// The lock's key (without the prefix).
         key: String,
     },
-    /// Removes a lock whoever holds it: the holder notices within its renewal interval and
+    /// Removes a lock whoever holds it: the holder is told at once by its revoke message
+    /// (at the latest at its next renewal, a third of its ttl, when it cannot hear it) and
     /// the longest waiter gets the lock at once.
     Unlock {
         /// Required: this breaks the holder's mutual exclusion.

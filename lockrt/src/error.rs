@@ -334,8 +334,9 @@ pub(crate) fn fmt_duration(d: Duration) -> String {
 #[diagnostic::on_unimplemented(
     message = "`#[distributed_lock]` fn returns `{Self}`, which cannot carry a lock failure",
     label = "lock failures (timeout, lost, Redis down) must be returned through this type",
-    note = "return `Result<T, E>` where `E: From<lockrt::LockError>` (e.g. `Result<T, lockrt::LockError>`), \
-            or implement `lockrt::FromLockError` for `{Self}`"
+    note = "return `Result<{Self}, E>` where `E: From<lockrt::LockError>`, e.g. `Result<{Self}, lockrt::LockError>`",
+    note = "an axum handler (lockrt's `axum` feature) may also return `Result<{Self}, axum::response::Response>`, `Result<{Self}, axum::http::StatusCode>` or `impl IntoResponse`",
+    note = "or implement `lockrt::FromLockError` for a type of your own crate and return that"
 )]
 pub trait FromLockError {
     /// Builds the value returned when the lock could not be taken or was lost.

@@ -151,7 +151,7 @@ pub use section::Checked;
 /// | `ttl = "30s"` | lease length: `"500ms"`, `"30s"`, `"1m30s"`; at least 30 ms | the locker's, 30 s |
 /// | `wait = "5s"` | longest wait for a busy lock; `"0s"` = one attempt, `"forever"` = no limit | the locker's, 10 s |
 /// | `max_hold = "10m"` | longest time the lock may be held: then the watchdog stops and the body is told it lost the lock (as `on_lost` says) | the locker's, none |
-/// | `min_hold = "1s"` | shortest time the lock stays taken: a release sooner keeps it until then (a "once per tick" job runs once per tick across instances) | none |
+/// | `min_hold = "1s"` | shortest time the lock stays taken: a release sooner keeps it until then, owner-checked (ShedLock's `lockAtLeastFor`); for a job once per tick across instances use [`every`] instead, which neither skips nor repeats a tick | none |
 /// | `locker = EXPR` | where the lock lives: a `Locker`, `&Locker` or `Arc<Locker>`, evaluated inside the fn | [`set_default`]'s |
 /// | `watchdog = bool` | `true`: renew every ttl/3 while the body runs; `false`: a fixed lease of `ttl` | `true` |
 /// | `on_lost = "..."` | `"cancel"`: drop the body and return [`LockError::Lost`]; `"continue"`: log at WARN and finish | `"cancel"` |

@@ -124,6 +124,7 @@ impl Locker {
     }
 
     fn from_backend(settings: Settings, backend: Arc<Backend>) -> Locker {
+        crate::metrics::describe();
         let notifier = Notifier::new(backend.subscriber());
         backend.attach(notifier.events());
         Locker {

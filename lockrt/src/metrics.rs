@@ -25,9 +25,113 @@ use std::time::Duration;
 
 use crate::options::LockKind;
 
+/// What each metric is, as an exporter shows it (Prometheus's `# HELP`): the table above.
+const HELP: [(&str, Shape, &str); 15] = [
+    (
+        "lockrt_acquired_total",
+        Shape::Counter,
+        "Locks taken (acquire, run, the attribute), by kind.",
+    ),
+    (
+        "lockrt_timeouts_total",
+        Shape::Counter,
+        "Acquisitions whose wait elapsed (a wait = 0 attempt that found the lock busy too).",
+    ),
+    (
+        "lockrt_acquire_failures_total",
+        Shape::Counter,
+        "Acquisitions that failed on the lock server; the body never ran.",
+    ),
+    (
+        "lockrt_lost_total",
+        Shape::Counter,
+        "Leases lost while held, once each, by cause.",
+    ),
+    (
+        "lockrt_force_unlocks_total",
+        Shape::Counter,
+        "Locks this locker force-unlocked.",
+    ),
+    (
+        "lockrt_released_total",
+        Shape::Counter,
+        "Locks released, by kind.",
+    ),
+    (
+        "lockrt_release_failures_total",
+        Shape::Counter,
+        "Releases that failed on the lock server (the lease ends the lock).",
+    ),
+    (
+        "lockrt_renewal_failures_total",
+        Shape::Counter,
+        "Renewals that failed (retried within the deadline).",
+    ),
+    (
+        "lockrt_wait_seconds",
+        Shape::Seconds,
+        "Time from the call to holding the lock.",
+    ),
+    (
+        "lockrt_hold_seconds",
+        Shape::Seconds,
+        "Time from holding the lock to its release.",
+    ),
+    (
+        "lockrt_handoff_seconds",
+        Shape::Seconds,
+        "Time from a waiter woken by a release to holding the lock.",
+    ),
+    (
+        "lockrt_local_handoffs_total",
+        Shape::Counter,
+        "Locks passed to the next holder inside the process.",
+    ),
+    ("lockrt_held", Shape::Gauge, "Locks held now, by kind."),
+    (
+        "lockrt_waiting",
+        Shape::Gauge,
+        "Callers waiting for a busy lock now.",
+    ),
+    (
+        "lockrt_job_ticks_given_up_total",
+        Shape::Counter,
+        "Ticks of every() this instance found run by nobody.",
+    ),
+];
+
+/// How a metric is described.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+#[derive(Clone, Copy)]
+enum Shape {
+    Counter,
+    Gauge,
+    Seconds,
+}
+
+/// Describes every metric to the recorder now installed (the global one, or a thread's):
+/// each locker does once when it is made, so an exporter installed first shows `# HELP`.
+pub(crate) fn describe() {
+    imp::describe();
+}
+
 #[cfg(feature = "metrics")]
 mod imp {
     use std::time::Duration;
+
+    use super::{HELP, Shape};
+
+    pub(crate) fn describe() {
+        for (name, shape, help) in HELP {
+            match shape {
+                Shape::Counter => metrics::describe_counter!(name, help),
+                Shape::Gauge => metrics::describe_gauge!(name, help),
+                Shape::Seconds => {
+                    metrics::describe_histogram!(name, metrics::Unit::Seconds, help)
+                }
+            }
+        }
+    }
 
     pub(crate) fn acquired(waited: Duration, kind: &'static str) {
         metrics::counter!("lockrt_acquired_total", "kind" => kind).increment(1);
@@ -77,6 +181,10 @@ mod imp {
 mod imp {
     use std::time::Duration;
 
+    #[inline]
+    pub(crate) fn describe() {
+        let _ = super::HELP;
+    }
     #[inline]
     pub(crate) fn acquired(_: Duration, _: &'static str) {}
     #[inline]

@@ -464,3 +464,49 @@ fn locks_taken_and_released_are_counted_by_kind() {
     );
     assert_eq!(c.get("lockrt_released_total{kind=read}"), Some(&2), "{c:?}");
 }
+
+/// Every metric a locker records has `# HELP` text (and the histograms a unit) as an exporter
+/// shows it: described when the locker is made, under the recorder installed then.
+#[test]
+fn every_metric_recorded_has_help_text() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = runtime();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let locker = Locker::in_memory();
+            let peer = locker.in_memory_peer().unwrap();
+            let opts = LockOptions::new().ttl(ms(300));
+            let g = locker.acquire("h", opts).await.unwrap();
+            let busy = peer.acquire("h", opts.wait(ms(20))).await;
+            assert!(busy.unwrap_err().is_timeout());
+            g.release().await.unwrap();
+        })
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let names: Vec<String> = snapshot
+        .iter()
+        .map(|(k, ..)| k.key().name().to_owned())
+        .collect();
+    for name in [
+        "lockrt_acquired_total",
+        "lockrt_timeouts_total",
+        "lockrt_wait_seconds",
+        "lockrt_held",
+    ] {
+        assert!(
+            names.iter().any(|n| n == name),
+            "{name} not recorded: {names:?}"
+        );
+    }
+    for (key, unit, help, _) in &snapshot {
+        let name = key.key().name();
+        assert!(
+            help.as_ref().is_some_and(|h| !h.is_empty()),
+            "{name} has no help text"
+        );
+        if name.ends_with("_seconds") {
+            assert_eq!(*unit, Some(metrics::Unit::Seconds), "{name}");
+        }
+    }
+}
