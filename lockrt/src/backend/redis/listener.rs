@@ -51,6 +51,9 @@ const KEEPALIVE: Duration = Duration::from_secs(1);
 /// replica after its node timeout (15 s by default): the watch outlasts a few of those.
 const WATCH: Duration = Duration::from_secs(120);
 const WATCH_EVERY: Duration = Duration::from_millis(500);
+/// After the watch, the layout is still read this often while the task listens: a replica
+/// that takes over later (a failover held back by hand) is found too.
+const WATCH_SLOW: Duration = Duration::from_secs(10);
 
 /// (Un)subscribe the release channel of the lock with this tag, or a revoke channel.
 pub(crate) enum SubCmd {
@@ -459,17 +462,18 @@ impl Task {
     /// master): the new one subscribes every channel where its slot is served now.
     async fn on_watch(&mut self) {
         let now = Instant::now();
-        if self.watch_until.is_none_or(|until| until <= now) {
-            (self.watch_until, self.watch_at) = (None, None);
-            return;
-        }
-        self.watch_at = Some(now + WATCH_EVERY);
+        let watching = self.watch_until.is_some_and(|until| until > now);
+        self.watch_at = Some(now + if watching { WATCH_EVERY } else { WATCH_SLOW });
         let Some(wire) = self.conn.as_mut() else {
             return;
         };
         if let Ok(Some(true)) = tokio::time::timeout(self.remote.timeout, wire.moved()).await {
             tracing::info!(addr = %self.remote.addr, "a shard has a new master; subscribing again where each slot is served now");
+            // A replacement for a changed layout does not lengthen the watch: a resharding
+            // after a node loss replaces the wire at most until the watch ends.
+            let until = self.watch_until;
             self.reset(now);
+            self.watch_until = until;
         }
     }
 
