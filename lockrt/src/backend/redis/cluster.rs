@@ -140,8 +140,30 @@ fn builder(seeds: &[String], tls: &TlsFiles, timeouts: Timeouts) -> ClusterClien
 
 /// The `(host, port)` of each slot range's master in a `CLUSTER SLOTS` reply.
 fn master_addrs(slots: &Value) -> Vec<(String, u16)> {
+    let masters = slot_masters(slots).into_iter();
+    masters.map(|m| (m.host, m.port)).collect()
+}
+
+/// One slot range of a `CLUSTER SLOTS` reply and its master.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct SlotMaster {
+    /// First and last slot of the range.
+    pub(crate) slots: (Option<i64>, Option<i64>),
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    /// The master's node id (empty when the reply has none).
+    pub(crate) id: Vec<u8>,
+}
+
+/// The master of each slot range in a `CLUSTER SLOTS` reply, in the reply's order; a range
+/// whose master's address cannot be read is left out.
+pub(crate) fn slot_masters(slots: &Value) -> Vec<SlotMaster> {
     let Value::Array(ranges) = slots else {
         return Vec::new();
+    };
+    let int = |v: Option<&Value>| match v {
+        Some(Value::Int(n)) => Some(*n),
+        _ => None,
     };
     ranges
         .iter()
@@ -157,11 +179,18 @@ fn master_addrs(slots: &Value) -> Vec<(String, u16)> {
                 Value::SimpleString(s) => s.clone(),
                 _ => return None,
             };
-            let port = match master.get(1)? {
-                Value::Int(p) => u16::try_from(*p).ok()?,
-                _ => return None,
+            let port = u16::try_from(int(master.get(1))?).ok()?;
+            let id = match master.get(2) {
+                Some(Value::BulkString(b)) => b.clone(),
+                _ => Vec::new(),
             };
-            Some((host, port))
+            let slots = (int(fields.first()), int(fields.get(1)));
+            Some(SlotMaster {
+                slots,
+                host,
+                port,
+                id,
+            })
         })
         .collect()
 }

@@ -80,10 +80,9 @@ pub(crate) enum Wire {
     Sharded(Shards),
 }
 
-/// Which node is master of which slots (`CLUSTER SLOTS`: first slot, last slot, the
-/// master's address and node id), in the server's order.
+/// Which node is master of which slots (from `CLUSTER SLOTS`), sorted by range.
 #[cfg(feature = "cluster")]
-pub(crate) type Layout = Vec<(i64, i64, Vec<u8>, i64, Vec<u8>)>;
+pub(crate) type Layout = Vec<super::cluster::SlotMaster>;
 
 /// A RESP3 cluster connection used for shard channels only, with its pushes.
 #[cfg(feature = "cluster")]
@@ -257,42 +256,11 @@ impl Wire {
     }
 }
 
-/// The masters of a `CLUSTER SLOTS` reply; anything it cannot read is left out (the
-/// comparison then sees a change, which costs one reconnect, never a missed failover).
+/// The masters of a `CLUSTER SLOTS` reply, sorted: nodes may list the ranges in different
+/// orders.
 #[cfg(feature = "cluster")]
 fn parse_layout(reply: redis::Value) -> Layout {
-    use redis::Value;
-    let Value::Array(ranges) = reply else {
-        return Vec::new();
-    };
-    let field = |v: Option<&Value>| match v {
-        Some(Value::Int(n)) => Some(*n),
-        _ => None,
-    };
-    let bytes = |v: Option<&Value>| match v {
-        Some(Value::BulkString(b)) => b.clone(),
-        Some(Value::SimpleString(s)) => s.clone().into_bytes(),
-        _ => Vec::new(),
-    };
-    let mut layout: Layout = ranges
-        .iter()
-        .filter_map(|range| {
-            let Value::Array(range) = range else {
-                return None;
-            };
-            let Some(Value::Array(master)) = range.get(2) else {
-                return None;
-            };
-            Some((
-                field(range.first())?,
-                field(range.get(1))?,
-                bytes(master.first()),
-                field(master.get(1))?,
-                bytes(master.get(2)),
-            ))
-        })
-        .collect();
-    // Nodes may list the ranges in different orders.
+    let mut layout = super::cluster::slot_masters(&reply);
     layout.sort();
     layout
 }
