@@ -304,6 +304,58 @@ async fn a_failover_moves_shard_channels_to_the_promoted_replica() {
     assert_woken_promptly(got.saturating_duration_since(released));
 }
 
+/// Lockers with and without sharded pub/sub on one Cluster don't hear each other's messages
+/// (the README says every locker of a Cluster must agree): their waits fall back to the
+/// timer, but mutual exclusion and fence order hold. Sections of both, contending on one key,
+/// are checked for overlaps (one process, one monotonic clock) and for fences out of order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_and_broadcast_lockers_on_one_cluster_never_overlap() {
+    let cluster = RedisCluster::start(3, 0).expect("start 3 masters");
+    if !has_shard_channels(&cluster).await {
+        return older_server("sharded_and_broadcast_lockers_on_one_cluster_never_overlap");
+    }
+    let lockers = [locker(&cluster, true).await, locker(&cluster, false).await];
+    let mut tasks = Vec::new();
+    for (mode, l) in lockers.iter().enumerate() {
+        for _ in 0..2 {
+            let l = l.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut sections = Vec::new();
+                for _ in 0..6 {
+                    let opts = LockOptions::new().ttl(ms(5_000)).wait(ms(20_000));
+                    let g = l.acquire("mixed-modes", opts).await.expect("acquired");
+                    let start = Instant::now();
+                    tokio::time::sleep(ms(2)).await;
+                    let end = Instant::now();
+                    let fence = g.fence();
+                    g.release().await.expect("held throughout");
+                    sections.push((start, end, fence, mode));
+                }
+                sections
+            }));
+        }
+    }
+    let mut sections = Vec::new();
+    for t in tasks {
+        sections.extend(t.await.unwrap());
+    }
+    sections.sort_by_key(|s| s.0);
+    let overlaps = sections.windows(2).filter(|w| w[1].0 < w[0].1).count();
+    let out_of_order = sections.windows(2).filter(|w| w[1].2 <= w[0].2).count();
+    let switches = sections.windows(2).filter(|w| w[1].3 != w[0].3).count();
+    figure(
+        "sharded_and_broadcast_lockers_on_one_cluster_never_overlap",
+        format!(
+            "{} sections, {switches} hand-overs between the modes, {overlaps} overlaps, \
+             {out_of_order} fences out of order",
+            sections.len()
+        ),
+    );
+    assert_eq!(sections.len(), 24);
+    assert!(switches > 0, "the two modes never took turns");
+    assert_eq!((overlaps, out_of_order), (0, 0));
+}
+
 /// A forced unlock names the holder's token on its slot's revoke channel, which the
 /// holder's locker listens to on that slot's master: the holder learns of it long before its
 /// next renewal (a third of a 30 s lease).
