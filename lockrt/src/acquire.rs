@@ -364,8 +364,9 @@ impl<'a> Acquisition<'a> {
                 key: self.key.user.to_string(),
             });
         }
-        let _waiting = Counted::new(&self.locker.inner.waiting);
+        // Queued before counted: a caller seen waiting is one a releasing holder passes to.
         let spot = QueueSpot::new(self.locker, entry);
+        let _waiting = Counted::new(&self.locker.inner.waiting);
         let permit = within(self.deadline, turn.acquire_owned()).await;
         match permit {
             Some(Ok(p)) => {

@@ -184,7 +184,7 @@ impl Locker {
             held: self.inner.held.load(Ordering::Relaxed),
             keys: self.inner.notifier.entries(),
             listening: self.inner.notifier.listening(),
-            waiting: self.inner.waiting.load(Ordering::Relaxed),
+            waiting: self.inner.waiting.load(Ordering::Acquire),
         }
     }
 

@@ -402,7 +402,8 @@ pub(crate) struct Counted<'a>(&'a AtomicUsize);
 
 impl<'a> Counted<'a> {
     pub(crate) fn new(gauge: &'a AtomicUsize) -> Self {
-        gauge.fetch_add(1, Ordering::Relaxed);
+        // Release: whoever sees the count sees what the caller did before (joined a queue).
+        gauge.fetch_add(1, Ordering::Release);
         crate::metrics::waiting(1.0);
         Counted(gauge)
     }

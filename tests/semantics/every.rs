@@ -45,8 +45,8 @@ fn report(log: &Log, what: &str) -> usize {
 }
 
 /// `n` instances running `every(name, tick, opts, ..)`, each on a thread with a runtime and a
-/// locker of its own, until `every` returns or `run_for` has passed; then each shuts its
-/// locker down. Each run is logged as `start` and, if its job returns, `end`, under its tick;
+/// locker of its own, until `every` returns or about `run_for` has passed (all stop at one
+/// time, mid-tick); then each shuts its locker down. Each run is logged as `start` and, if its job returns, `end`, under its tick;
 /// the job gets its instance, its locker and its tick (Unix ms).
 fn fleet<J, Fut>(
     n: usize,
@@ -62,6 +62,12 @@ where
 {
     let redis = RedisServer::start().unwrap();
     let log: Log = Arc::default();
+    // Every instance stops at one wall-clock time, half a tick after a tick's start: a stop
+    // that cancelled a run would (rightly) let a waiting instance run its tick again.
+    let every_ms = tick.as_millis() as u64;
+    let stop_ms = (tick_ms(SystemTime::now()) + run_for.as_millis() as u64) / every_ms * every_ms
+        + every_ms / 2;
+    let stop = UNIX_EPOCH + Duration::from_millis(stop_ms);
     let threads: Vec<_> = (0..n)
         .map(|inst| {
             let (url, log, job) = (redis.url(), log.clone(), job.clone());
@@ -80,7 +86,8 @@ where
                             note("end");
                         }
                     });
-                    let r = tokio::time::timeout(run_for, runs).await;
+                    let left = stop.duration_since(SystemTime::now()).unwrap_or_default();
+                    let r = tokio::time::timeout(left, runs).await;
                     locker.shutdown().await;
                     eprintln!("{name} instance {inst}: {r:?}");
                 })

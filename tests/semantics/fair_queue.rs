@@ -450,6 +450,9 @@ async fn a_local_successor_on_a_lock_lost_before_the_hand_off_is_told_lost() {
     let fx = Fx::redis();
     let (a, b) = (fx.locker().await, fx.locker().await);
     let mut conn = fx.conn().await;
+    // Listening for forced unlocks already: the check run once a locker starts listening
+    // would find the loss before the release does (no hand-off then, rightly).
+    let _warm = support::warm_up(&a, &mut conn).await;
     let g = a.acquire("gone", opts().ttl(ms(10_000))).await.unwrap();
     let w = {
         let a = a.clone();

@@ -517,6 +517,8 @@ async fn d21_a_release_cancelled_right_after_the_hand_off_still_checks() {
         .await
         .unwrap();
     let ttl = ms(30_000);
+    // Listening already: the check once listening would find the loss first (see fair_queue).
+    let _warm = support::warm_up(&a, &mut conn).await;
     let g = a.acquire("k", opts().ttl(ttl)).await.unwrap();
     let a2 = a.clone();
     let w = tokio::spawn(async move {
