@@ -392,6 +392,7 @@ impl<'a> Acquisition<'a> {
         let mut uncertain = false;
         loop {
             let sent = Instant::now();
+            let armed_before = pending.armed;
             pending.armed = true;
             let res = self
                 .locker
@@ -426,7 +427,13 @@ impl<'a> Acquisition<'a> {
                     pending.armed = self.queue.is_some() || uncertain;
                     return Err(kind_conflict(&self.key, found));
                 }
-                Err(e) if backoff.retry(&e).await => uncertain = true,
+                // Nothing was sent: fails at once unless the caller would rather wait, and
+                // leaves to clean up only what earlier tries may have left.
+                Err(e) if e.is_unreachable() && !self.terms.retry_unreachable => {
+                    pending.armed = armed_before || uncertain;
+                    return Err(self.failed(e));
+                }
+                Err(e) if backoff.retry(&e).await => uncertain |= !e.is_unreachable(),
                 Err(e) => return Err(self.failed(e)),
             }
         }
@@ -469,7 +476,12 @@ impl<'a> Acquisition<'a> {
 
     fn failed(&self, e: BackendError) -> LockError {
         crate::metrics::acquire_failed();
-        tracing::warn!(key = ?&*self.key.user, error = %e, "acquire failed");
+        if e.is_unreachable() {
+            // The outage itself is logged once per interval, not once per call.
+            tracing::debug!(key = ?&*self.key.user, error = %e, "acquire failed");
+        } else {
+            tracing::warn!(key = ?&*self.key.user, error = %e, "acquire failed");
+        }
         e.into()
     }
 

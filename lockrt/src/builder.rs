@@ -59,6 +59,8 @@ pub struct LockerBuilder {
     allow_eviction: bool,
     /// Sharded pub/sub on a Cluster that has it (`sharded_pubsub`).
     sharded_pubsub: bool,
+    /// Build while the server is unreachable (`lazy_connect`).
+    lazy_connect: bool,
     /// What the error says when no server was given (`from_env` names its variables).
     missing_url: Option<&'static str>,
 }
@@ -75,6 +77,7 @@ impl fmt::Debug for LockerBuilder {
             .field("local_handoff", &self.local_handoff)
             .field("allow_eviction", &self.allow_eviction)
             .field("sharded_pubsub", &self.sharded_pubsub)
+            .field("lazy_connect", &self.lazy_connect)
             .finish_non_exhaustive()
     }
 }
@@ -98,6 +101,7 @@ impl Default for LockerBuilder {
             local_handoff: DEFAULT_LOCAL_HANDOFF,
             allow_eviction: false,
             sharded_pubsub: true,
+            lazy_connect: false,
             missing_url: None,
         }
     }
@@ -416,6 +420,33 @@ impl LockerBuilder {
         self
     }
 
+    /// Build even when the server can't be reached yet (default `false`: the build fails).
+    ///
+    /// A service started before its Redis (a whole environment starting at once, Redis
+    /// restarting) then starts instead of crash-looping: every call fails at once with a
+    /// [`LockError::Backend`] whose [`is_unreachable`](crate::BackendError::is_unreachable)
+    /// is `true` (503 through the `axum` feature) until the server answers. The checks a
+    /// build makes (the version, the eviction policy) run on the first connection, before
+    /// any lock request is sent; a server they refuse refuses every call from then on, with
+    /// the error the build would have returned. The first connection logs at INFO. A server
+    /// that answers with an error (a wrong password, TLS) still fails the build: that is
+    /// not an outage. On a Cluster whose servers are older than Redis 7.0, set
+    /// [`sharded_pubsub(false)`](Self::sharded_pubsub) too: a lazy locker can't ask first.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockrt::LockError> {
+    /// let locker = lockrt::Locker::builder()
+    ///     .url("redis://127.0.0.1:6379/")
+    ///     .lazy_connect(true)
+    ///     .build()
+    ///     .await?; // Ok even while Redis is down
+    /// # let _ = locker; Ok(()) }
+    /// ```
+    pub fn lazy_connect(mut self, on: bool) -> Self {
+        self.lazy_connect = on;
+        self
+    }
+
     /// This locker's owner record text (`crate::inspect::owner_text`).
     fn owner(&self, settings: &Settings) -> String {
         crate::owner::owner_text(self.service_name.as_deref(), settings.instance_id)
@@ -509,9 +540,10 @@ impl LockerBuilder {
             sync: self.sync,
             owner: self.owner(&settings),
             sharded_pubsub: self.sharded_pubsub,
+            allow_eviction: self.allow_eviction,
+            lazy: self.lazy_connect,
         })
         .await?;
-        backend.check_eviction(self.allow_eviction).await?;
         Ok(Locker::from_parts(settings, Backend::Redis(backend)))
     }
 }

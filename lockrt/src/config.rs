@@ -68,6 +68,8 @@ pub struct LockerConfig {
     pub local_handoff: Option<u32>,
     /// [`LockerBuilder::sharded_pubsub`]: every locker of one Cluster must agree.
     pub sharded_pubsub: Option<bool>,
+    /// [`LockerBuilder::lazy_connect`]: build while the server is unreachable.
+    pub lazy_connect: Option<bool>,
     /// [`LockerBuilder::service_name`]: the name every lock of this service shows in
     /// `lockctl` and [`Locker::lock_info`](crate::Locker::lock_info).
     pub service_name: Option<String>,
@@ -97,6 +99,7 @@ impl fmt::Debug for LockerConfig {
             .field("safety_margin", &self.safety_margin)
             .field("local_handoff", &self.local_handoff)
             .field("sharded_pubsub", &self.sharded_pubsub)
+            .field("lazy_connect", &self.lazy_connect)
             .field("service_name", &self.service_name)
             .finish()
     }
@@ -104,7 +107,7 @@ impl fmt::Debug for LockerConfig {
 
 impl LockerConfig {
     /// The environment variables [`LockerBuilder::from_env`] reads, in the order it reads them.
-    pub const ENV_VARS: [&str; 14] = [
+    pub const ENV_VARS: [&str; 15] = [
         "LOCKRT_URL",
         "REDIS_URL",
         "LOCKRT_SENTINEL_MASTER_USERNAME",
@@ -118,6 +121,7 @@ impl LockerConfig {
         "LOCKRT_SAFETY_MARGIN",
         "LOCKRT_LOCAL_HANDOFF",
         "LOCKRT_SHARDED_PUBSUB",
+        "LOCKRT_LAZY_CONNECT",
         "LOCKRT_SERVICE_NAME",
     ];
 
@@ -165,15 +169,8 @@ impl LockerConfig {
                     })
                 })
                 .transpose()?,
-            sharded_pubsub: get("LOCKRT_SHARDED_PUBSUB")
-                .map(|v| match v.trim().to_ascii_lowercase().as_str() {
-                    "true" | "1" | "on" => Ok(true),
-                    "false" | "0" | "off" => Ok(false),
-                    _ => Err(LockError::Config(format!(
-                        "LOCKRT_SHARDED_PUBSUB={v:?} is not `true` or `false`"
-                    ))),
-                })
-                .transpose()?,
+            sharded_pubsub: flag("LOCKRT_SHARDED_PUBSUB", get("LOCKRT_SHARDED_PUBSUB"))?,
+            lazy_connect: flag("LOCKRT_LAZY_CONNECT", get("LOCKRT_LAZY_CONNECT"))?,
             service_name: get("LOCKRT_SERVICE_NAME"),
             ..LockerConfig::default()
         })
@@ -197,6 +194,7 @@ impl LockerBuilder {
     /// | `LOCKRT_SAFETY_MARGIN` | [`safety_margin`](Self::safety_margin) | `100ms` |
     /// | `LOCKRT_LOCAL_HANDOFF` | [`local_handoff`](Self::local_handoff) | `16`, `0` |
     /// | `LOCKRT_SHARDED_PUBSUB` | [`sharded_pubsub`](Self::sharded_pubsub) | `true`, `false` |
+    /// | `LOCKRT_LAZY_CONNECT` | [`lazy_connect`](Self::lazy_connect) | `true`, `false` |
     /// | `LOCKRT_SERVICE_NAME` | [`service_name`](Self::service_name) | `billing` |
     ///
     /// With neither `LOCKRT_URL` nor `REDIS_URL` set (and no `.url(..)` added),
@@ -242,6 +240,7 @@ impl LockerBuilder {
             safety_margin,
             local_handoff,
             sharded_pubsub,
+            lazy_connect,
             service_name,
         } = config;
         let mut b = servers(LockerBuilder::default(), url, cluster, sentinels, service)?;
@@ -279,6 +278,9 @@ impl LockerBuilder {
         }
         if let Some(on) = sharded_pubsub {
             b = b.sharded_pubsub(on);
+        }
+        if let Some(on) = lazy_connect {
+            b = b.lazy_connect(on);
         }
         if let Some(name) = service_name {
             b = b.service_name(name);
@@ -342,6 +344,19 @@ fn de_wait<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Wait>, D::Er
         .transpose()
 }
 
+/// A `true`/`false` variable (also `1`/`0`, `on`/`off`), its name in the error.
+fn flag(name: &str, value: Option<String>) -> Result<Option<bool>, LockError> {
+    value
+        .map(|v| match v.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "on" => Ok(true),
+            "false" | "0" | "off" => Ok(false),
+            _ => Err(LockError::Config(format!(
+                "{name}={v:?} is not `true` or `false`"
+            ))),
+        })
+        .transpose()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,6 +383,7 @@ mod tests {
             ("LOCKRT_SAFETY_MARGIN", " 200ms "),
             ("LOCKRT_LOCAL_HANDOFF", " 4 "),
             ("LOCKRT_SHARDED_PUBSUB", "False"),
+            ("LOCKRT_LAZY_CONNECT", "on"),
         ]))
         .unwrap();
         assert_eq!(c.url.as_deref(), Some("redis://a:6379/"));
@@ -380,6 +396,7 @@ mod tests {
         assert_eq!(c.safety_margin, Some(Duration::from_millis(200)));
         assert_eq!(c.local_handoff, Some(4));
         assert_eq!(c.sharded_pubsub, Some(false));
+        assert_eq!(c.lazy_connect, Some(true));
     }
 
     #[test]
@@ -409,6 +426,7 @@ mod tests {
             ("LOCKRT_SAFETY_MARGIN", "100 ms!"),
             ("LOCKRT_LOCAL_HANDOFF", "sixteen"),
             ("LOCKRT_SHARDED_PUBSUB", "maybe"),
+            ("LOCKRT_LAZY_CONNECT", "yes please"),
         ] {
             let err = LockerConfig::from_lookup(lookup(&[
                 ("LOCKRT_URL", "redis://:hunter2@a:6379/"),

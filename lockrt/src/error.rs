@@ -210,6 +210,9 @@ pub struct BackendError {
     transient: bool,
     /// A cluster slot moving or failing over (`TRYAGAIN`, redirections): it ends by itself.
     migrating: bool,
+    /// No connection could be made (refused, timed out, no Sentinel answered): nothing was
+    /// sent, and retrying at once will most likely fail the same way.
+    unreachable: bool,
 }
 
 impl BackendError {
@@ -221,6 +224,7 @@ impl BackendError {
             hint: None,
             transient: true,
             migrating: false,
+            unreachable: false,
         }
     }
 
@@ -238,6 +242,27 @@ impl BackendError {
     pub(crate) fn migrating(mut self) -> Self {
         self.migrating = true;
         self
+    }
+
+    pub(crate) fn unreachable(mut self) -> Self {
+        self.unreachable = true;
+        self
+    }
+
+    /// Whether no connection to the server could be made (it refused, or the connect timed
+    /// out, or no Sentinel answered): the request was never sent. A service answers this
+    /// with 503 at once; the lock server's outage is logged once per interval, not per call.
+    ///
+    /// ```
+    /// # async fn demo(locker: lockrt::Locker) {
+    /// match locker.acquire("k", lockrt::LockOptions::new()).await {
+    ///     Err(lockrt::LockError::Backend(e)) if e.is_unreachable() => { /* 503 */ }
+    ///     _ => {}
+    /// }
+    /// # }
+    /// ```
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable
     }
 
     /// A cluster slot in migration or failover refused the request: retry until it lands
@@ -283,6 +308,7 @@ impl fmt::Debug for BackendError {
             .field("message", &self.message)
             .field("hint", &self.hint)
             .field("transient", &self.transient)
+            .field("unreachable", &self.unreachable)
             .finish()
     }
 }

@@ -101,6 +101,7 @@ pub struct LockOptions {
     /// A busy lock is the expected outcome (a scheduled job's claim on the instances that
     /// don't run the tick): an elapsed wait logs at DEBUG.
     pub(crate) busy_expected: bool,
+    pub(crate) retry_unreachable: bool,
     pub(crate) kind: LockKind,
 }
 
@@ -126,6 +127,7 @@ impl LockOptions {
             max_hold: None,
             min_hold: None,
             busy_expected: false,
+            retry_unreachable: false,
             kind: LockKind::Exclusive,
         }
     }
@@ -278,6 +280,27 @@ impl LockOptions {
         self
     }
 
+    /// Whether an unreachable lock server (no connection could be made: refused, timed out)
+    /// is tried again until `wait` ends, instead of failing the call at once with
+    /// [`LockError::Backend`](crate::LockError::Backend). Off by default: a request handler
+    /// answers 503 at once rather than holding its caller for the whole `wait` of an outage.
+    /// On for callers that would rather wait for the server to come back: `lockrt::every`
+    /// claims its ticks this way, so a Redis back within the tick still runs it.
+    ///
+    /// ```
+    /// let opts = lockrt::LockOptions::new().retry_unreachable(true);
+    /// # assert!(opts.get_retry_unreachable());
+    /// ```
+    pub const fn retry_unreachable(mut self, on: bool) -> Self {
+        self.retry_unreachable = on;
+        self
+    }
+
+    /// Whether an unreachable server is retried within `wait`.
+    pub const fn get_retry_unreachable(&self) -> bool {
+        self.retry_unreachable
+    }
+
     /// The minimum hold set here, if any.
     pub const fn get_min_hold(&self) -> Option<Duration> {
         self.min_hold
@@ -326,6 +349,7 @@ pub(crate) struct Terms {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) min_hold: Option<Duration>,
     pub(crate) busy_expected: bool,
+    pub(crate) retry_unreachable: bool,
     pub(crate) kind: LockKind,
 }
 
@@ -339,6 +363,7 @@ impl LockOptions {
             max_hold: self.max_hold.or(defaults.max_hold),
             min_hold: self.min_hold,
             busy_expected: self.busy_expected,
+            retry_unreachable: self.retry_unreachable,
             kind: self.kind,
         }
     }

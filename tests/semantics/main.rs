@@ -24,6 +24,7 @@ mod metrics;
 mod min_hold;
 mod multi_key;
 mod mutual_exclusion;
+mod outage;
 mod ownership;
 mod reentrancy;
 mod renewal_hedge;

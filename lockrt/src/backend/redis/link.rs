@@ -13,10 +13,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use redis::{AsyncConnectionConfig, RedisError, RetryMethod};
 
 use super::connector::{Conn, Connector};
 use super::diagnose::diagnose;
+use super::outage::Outage;
 use super::settings::Timeouts;
 use crate::error::BackendError;
 
@@ -41,6 +44,23 @@ pub(crate) struct Link {
     generation: AtomicU64,
     /// A background rebuild is under way (or cooling down).
     rebuilding: AtomicBool,
+    outage: Outage,
+    /// A locker built before its server answered: the checks a build makes, run on the
+    /// first connection; until they passed, no request is sent. One that found the server
+    /// unfit (too old, evicting) refuses every request from then on.
+    startup: Option<Box<dyn Startup>>,
+    started: tokio::sync::OnceCell<()>,
+    refused: std::sync::OnceLock<BackendError>,
+}
+
+/// Checks to run on a link's first connection (see [`Link::lazy`]).
+pub(crate) trait Startup: Send + Sync {
+    fn check<'a>(
+        &'a self,
+        link: &'a Link,
+        conn: Conn,
+        generation: u64,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), BackendError>>;
 }
 
 impl Link {
@@ -61,7 +81,18 @@ impl Link {
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
             rebuilding: AtomicBool::new(false),
+            outage: Outage::default(),
+            startup: None,
+            started: tokio::sync::OnceCell::new(),
+            refused: std::sync::OnceLock::new(),
         }
+    }
+
+    /// This link, for a locker built before its server answered: `startup` runs on the first
+    /// connection, before any request is sent on it.
+    pub(crate) fn lazy(mut self, startup: Box<dyn Startup>) -> Link {
+        self.startup = Some(startup);
+        self
     }
 
     pub(crate) fn addr(&self) -> &str {
@@ -141,27 +172,73 @@ impl Link {
         // Sentinel: a master no Sentinel named within the last second (a deaf watcher may
         // have missed a switch) is confirmed first; when none answers, nothing is sent.
         if !self.connector.master_confirmed() {
+            let asked = Instant::now();
+            if let Some(e) = self.outage.answer(asked) {
+                return Err(e);
+            }
             Box::pin(self.connector.confirm_master())
                 .await
                 .map_err(|u| match u.last.map(|e| self.error(&e)) {
                     // TLS, credentials: the advice any connection would get.
                     Some(e) if !e.is_transient() => e,
-                    _ => BackendError::new(self.addr.clone(), self.scrub(&u.why))
-                        .with_hint("check that the Sentinels are running and reachable"),
+                    _ => self.unreachable(
+                        BackendError::new(self.addr.clone(), self.scrub(&u.why))
+                            .with_hint("check that the Sentinels are running and reachable"),
+                    ),
                 })?;
         }
-        if let Some(c) = self.current() {
-            return Ok(c);
+        let conn = match self.current() {
+            Some(c) => c,
+            // Boxed: connecting is rare, and its future is large; inline it would grow every
+            // request's future (and every future awaiting a lock) by its size.
+            None => Box::pin(self.reconnect()).await?,
+        };
+        if let Some(startup) = &self.startup
+            && !self.started.initialized()
+        {
+            // A trait object: rare, and its type would deepen every request's future.
+            let start: futures_util::future::BoxFuture<'_, _> =
+                Box::pin(self.start(startup.as_ref(), conn.0.clone(), conn.1));
+            start.await?;
         }
-        // Boxed: connecting is rare, and its future is large; inline it would grow every
-        // request's future (and every future awaiting a lock) by its size.
-        Box::pin(self.reconnect()).await
+        Ok(conn)
+    }
+
+    /// The startup checks on `conn`, once they pass; a server found unfit is refused for good.
+    async fn start(
+        &self,
+        startup: &dyn Startup,
+        conn: Conn,
+        generation: u64,
+    ) -> Result<(), BackendError> {
+        if let Some(e) = self.refused.get() {
+            return Err(e.clone());
+        }
+        let checked = self
+            .started
+            .get_or_try_init(|| async move {
+                let res = startup.check(self, conn, generation).await;
+                if let Err(e) = &res
+                    && !e.is_transient()
+                {
+                    let _ = self.refused.set(e.clone());
+                }
+                res
+            })
+            .await;
+        checked.map(|_| ())
     }
 
     async fn reconnect(&self) -> Result<(Conn, u64), BackendError> {
+        let asked = Instant::now();
         let _one = self.connecting.lock().await;
         if let Some(c) = self.current() {
             return Ok(c);
+        }
+        // A connect that failed while this call waited its turn (or just before) answers it
+        // too: one connect at a time, not one per waiting call in turn.
+        if let Some(e) = self.outage.answer(asked) {
+            return Err(e);
         }
         // Read before resolving the master: a switch during the connect makes it stale.
         let epoch = self.connector.epoch();
@@ -171,14 +248,28 @@ impl Link {
         )
         .await
         .map_err(|_| {
-            BackendError::new(
-                self.addr.clone(),
-                format!("no connection within {:?}", self.timeouts.connect),
+            self.unreachable(
+                BackendError::new(
+                    self.addr.clone(),
+                    format!("no connection within {:?}", self.timeouts.connect),
+                )
+                .with_hint("check that Redis is running, reachable and not overloaded"),
             )
-            .with_hint("check that Redis is running, reachable and not overloaded")
         })?
-        .map_err(|e| self.error(&e))?;
+        .map_err(|e| match self.error(&e) {
+            e if e.is_transient() => self.unreachable(e),
+            // TLS, credentials, a refused `AUTH`: not an outage, and said each time.
+            e => e,
+        })?;
+        self.outage.connected(&self.addr);
         Ok(self.install(conn, epoch))
+    }
+
+    /// `e`, a connect that failed, marked as such and counted in the outage.
+    fn unreachable(&self, e: BackendError) -> BackendError {
+        let e = e.unreachable();
+        self.outage.failed(&e);
+        e
     }
 
     /// After a request on connection `generation` failed with `e`: a connection that can't
@@ -197,6 +288,14 @@ impl Link {
         if cluster {
             self.rebuild_in_background();
         } else {
+            self.discard(generation);
+        }
+    }
+
+    /// After a check on connection `generation` failed with `e` (at build, or before the
+    /// first request): a connection that can't be trusted is dropped, the next call opens one.
+    pub(crate) fn check_failed(&self, generation: u64, e: &RedisError) {
+        if needs_new_connection(e) {
             self.discard(generation);
         }
     }

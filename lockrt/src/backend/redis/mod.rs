@@ -12,6 +12,7 @@ mod diagnose;
 mod link;
 mod listener;
 mod notice;
+mod outage;
 pub(crate) mod pubsub;
 mod revoke;
 mod scan;
@@ -95,21 +96,46 @@ impl RedisBackend {
             sync,
             owner,
             sharded_pubsub,
+            allow_eviction,
+            lazy,
         } = settings;
         let wait = sync.map_or(Duration::ZERO, |s| s.timeout);
         let addr = topology.describe();
         let connector = Arc::new(connector(topology, &tls, timeouts, wait)?);
         let secrets = connector.secrets();
-        let link = Arc::new(Link::new(
+        let link = Link::new(
             connector.clone(),
             addr.clone(),
             secrets.clone(),
             timeouts,
             wait,
-        ));
-        let (mut conn, _) = link.conn().await?;
-        let version = version::check_version(&mut conn, &link).await?;
-        let delivery = Delivery::for_server(connector.is_cluster(), version, sharded_pubsub);
+        );
+        let check = version::ServerCheck {
+            connector: connector.clone(),
+            addr: addr.clone(),
+            timeouts,
+            sharded_allowed: sharded_pubsub,
+            allow_eviction,
+        };
+        let (link, delivery) = match link.conn().await {
+            Ok((mut conn, generation)) => {
+                let delivery = check.run(&link, &mut conn, generation).await?;
+                (link, delivery)
+            }
+            // Started before its server: the build's checks run on the first connection.
+            Err(e) if lazy && e.is_unreachable() => {
+                tracing::info!(
+                    addr = %addr,
+                    error = %e.message(),
+                    "lock server not reachable yet; calls fail with a Backend error until it answers"
+                );
+                let expected = check.assumed_delivery();
+                let started = version::Started { check, expected };
+                (link.lazy(Box::new(started)), expected)
+            }
+            Err(e) => return Err(e),
+        };
+        let link = Arc::new(link);
         let subscriber = Subscriber::new(Remote {
             connector: connector.clone(),
             addr: addr.clone(),

@@ -119,6 +119,10 @@ pub(crate) struct RedisSettings {
     pub(crate) owner: String,
     /// Sharded pub/sub where the server has it (see `wire.rs`).
     pub(crate) sharded_pubsub: bool,
+    /// Build on a server whose `maxmemory-policy` may evict a held lock.
+    pub(crate) allow_eviction: bool,
+    /// Build while the server is unreachable; its checks run on the first connection.
+    pub(crate) lazy: bool,
 }
 
 /// No Sentinel confirmed the master: why, and the last Sentinel's error (a TLS or

@@ -9,11 +9,14 @@
 //! `INFO` or leaves the field out (some proxies, an ACL user without `+info`) is not refused
 //! for it: the check is skipped and logged. Nothing here changes the server.
 
+use std::sync::Arc;
+
 use redis::{RedisError, Value};
 
-use super::RedisBackend;
-use super::connector::Conn;
-use super::link::Link;
+use super::connector::{Conn, Connector};
+use super::link::{Link, Startup};
+use super::settings::Timeouts;
+use super::wire::Delivery;
 use crate::error::BackendError;
 
 /// The oldest server the scripts run on: they read the server's clock with `SET … PXAT`.
@@ -137,6 +140,40 @@ fn finding(reply: &Value) -> Finding {
     }
 }
 
+/// The checks of a locker built before its server answered ([`ServerCheck`]), run on its
+/// first connection; `expected` is how the locker sends and listens since its build.
+pub(crate) struct Started {
+    pub(crate) check: ServerCheck,
+    pub(crate) expected: Delivery,
+}
+
+impl Startup for Started {
+    fn check<'a>(
+        &'a self,
+        link: &'a Link,
+        mut conn: Conn,
+        generation: u64,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let delivery = self.check.run(link, &mut conn, generation).await?;
+            if delivery != self.expected {
+                return Err(BackendError::new(
+                    self.check.addr.clone(),
+                    "this Cluster has no sharded pub/sub (a server before Redis 7.0), which a \
+                     locker built before its servers answered assumes it has",
+                )
+                .with_hint(
+                    "set `sharded_pubsub(false)` (LOCKRT_SHARDED_PUBSUB=false) on every locker \
+                     of this Cluster",
+                )
+                .permanent());
+            }
+            tracing::info!(addr = %self.check.addr, "lock server reachable: serving locks");
+            Ok(())
+        })
+    }
+}
+
 /// Whether `e` is the server's own error reply (the command refused: unknown to a proxy,
 /// `NOPERM` for an ACL user), not a failure to reach it.
 fn is_refusal(e: &RedisError) -> bool {
@@ -146,22 +183,65 @@ fn is_refusal(e: &RedisError) -> bool {
     )
 }
 
-impl RedisBackend {
+/// Everything a build checks on the server, and how messages will travel there.
+pub(crate) struct ServerCheck {
+    pub(crate) connector: Arc<Connector>,
+    pub(crate) addr: String,
+    /// Bounds asking the Sentinels for the master's address, for messages.
+    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
+    pub(crate) timeouts: Timeouts,
+    /// `sharded_pubsub` as the builder set it.
+    pub(crate) sharded_allowed: bool,
+    pub(crate) allow_eviction: bool,
+}
+
+impl ServerCheck {
+    /// The version and the eviction policy, on connection `conn` (`generation`) of `link`:
+    /// how messages travel on this server.
+    pub(crate) async fn run(
+        &self,
+        link: &Link,
+        conn: &mut Conn,
+        generation: u64,
+    ) -> Result<Delivery, BackendError> {
+        let version = check_version(conn, link).await?;
+        self.check_eviction(link, conn, generation).await?;
+        Ok(Delivery::for_server(
+            self.connector.is_cluster(),
+            version,
+            self.sharded_allowed,
+        ))
+    }
+
+    /// How messages travel when the server can't be asked yet (a lazy start): sharded on a
+    /// Cluster unless turned off. [`Started`] refuses a server where that is wrong.
+    pub(crate) fn assumed_delivery(&self) -> Delivery {
+        Delivery::for_server(
+            self.connector.is_cluster(),
+            Some((7, 0)),
+            self.sharded_allowed,
+        )
+    }
+
     /// Reads the `maxmemory-policy` of the server(s) that hold locks with `INFO memory`: the
     /// server, the master the Sentinels named, or every master of a Cluster (redis-rs sends
     /// `INFO` to each master of its slot map). Fails with a permanent error naming the server,
-    /// the policy, the risk and the fix when a policy may evict, unless `allow` (then one WARN
-    /// says so). A server that refuses `INFO` or has no such field is logged (INFO) and passed.
-    pub(crate) async fn check_eviction(&self, allow: bool) -> Result<(), BackendError> {
-        let (mut conn, generation) = self.link.conn().await?;
-        let reply: Result<Value, RedisError> = redis::cmd("INFO")
-            .arg("memory")
-            .query_async(&mut conn)
-            .await;
+    /// the policy, the risk and the fix when a policy may evict, unless `allow_eviction` (then
+    /// one WARN says so). A server that refuses `INFO` or has no such field is logged (INFO)
+    /// and passed.
+    async fn check_eviction(
+        &self,
+        link: &Link,
+        conn: &mut Conn,
+        generation: u64,
+    ) -> Result<(), BackendError> {
+        let allow = self.allow_eviction;
+        let reply: Result<Value, RedisError> =
+            redis::cmd("INFO").arg("memory").query_async(conn).await;
         let reply = match reply {
             Ok(v) => v,
             Err(e) if is_refusal(&e) => {
-                let why = self.link.error(&e);
+                let why = link.error(&e);
                 tracing::info!(
                     addr = %self.addr,
                     error = %why.message(),
@@ -171,8 +251,8 @@ impl RedisBackend {
                 return Ok(());
             }
             Err(e) => {
-                self.link.after_failure(generation, &e);
-                return Err(self.link.error(&e));
+                link.check_failed(generation, &e);
+                return Err(link.error(&e));
             }
         };
         // A Cluster's reply maps each master's address to its own reply.
