@@ -10,6 +10,7 @@
 //!     let __lockrt_locker = ::lockrt::__private::default_locker();
 //!     let __lockrt_key = ::std::format!("stock:{}", ::lockrt::__private::KeyPart(&id, '%'));
 //!     let __lockrt_options = ::lockrt::__private::LockOptions::new()
+//!         .site(::core::concat!(::core::module_path!(), "::", "deduct"))
 //!         .ttl(::core::time::Duration::from_millis(30000u64));
 //!     let __lockrt_body = async move { /* fake return */ BODY };
 //!     ::lockrt::__private::run(
@@ -73,7 +74,7 @@ pub(crate) fn expand(args: Args, func: &MaybeItemFn) -> syn::Result<TokenStream>
             )
         }
     };
-    let options_expr = options_expr(&args.options, &krate);
+    let options_expr = options_expr(&args.options, &krate, &func.sig.ident);
     let fake_return = fake_return(&func.sig);
     // A body behind `impl IntoResponse` has a type no lock failure can become: it is turned
     // into an axum `Response` first (feature `axum`; without it the conversion names the fix).
@@ -255,8 +256,15 @@ fn locker_expr(options: &Options, krate: &TokenStream) -> TokenStream {
 
 /// The public `LockOptions` builder with one call per argument given; the rest stays at the
 /// locker's defaults.
-fn options_expr(options: &Options, krate: &TokenStream) -> TokenStream {
-    let mut chain = quote!(#krate::__private::LockOptions::new());
+fn options_expr(options: &Options, krate: &TokenStream, name: &Ident) -> TokenStream {
+    // The metrics label of this lock site: the fn's path, a fixed set of names.
+    let name = name.to_string();
+    let name = name.trim_start_matches("r#");
+    let mut chain = quote!(#krate::__private::LockOptions::new().site(::core::concat!(
+        ::core::module_path!(),
+        "::",
+        #name
+    )));
     if let Some(ttl) = &options.ttl {
         let ttl = duration(ttl);
         chain.extend(quote!(.ttl(#ttl)));
@@ -501,7 +509,8 @@ mod tests {
                 async fn f() {}
             ),
         );
-        let chain = "::my::lockrt::__private::LockOptions::new().ttl(TTL).wait_forever()
+        let chain = "::my::lockrt::__private::LockOptions::new()
+            .site(::core::concat!(::core::module_path!(), \"::\", \"f\")).ttl(TTL).wait_forever()
             .max_hold(::core::time::Duration::from_millis(600000u64)).watchdog(false)
             .on_lost(::my::lockrt::__private::OnLost::Continue);";
         assert!(contains(&pretty, chain), "{pretty}");
@@ -519,14 +528,18 @@ mod tests {
             )
         };
         let read = pretty(syn::parse_quote!(key = "k", mode = "read"), f());
-        let chain = "::lockrt::__private::LockOptions::new().read();";
-        assert!(contains(&read, chain), "{read}");
+        let site = r#".site(::core::concat!(::core::module_path!(), "::", "f"))"#;
+        let chain = format!("::lockrt::__private::LockOptions::new(){site}.read();");
+        assert!(contains(&read, &chain), "{read}");
         let write = pretty(syn::parse_quote!(key = "k", mode = "write"), f());
-        assert!(contains(&write, "LockOptions::new().write();"), "{write}");
+        let chain = format!("LockOptions::new(){site}.write();");
+        assert!(contains(&write, &chain), "{write}");
         let permits = pretty(syn::parse_quote!(key = "k", ttl = "1s", permits = 3), f());
-        let chain = "LockOptions::new().ttl(::core::time::Duration::from_millis(1000u64))
-            .permits(3u32);";
-        assert!(contains(&permits, chain), "{permits}");
+        let chain = format!(
+            "LockOptions::new(){site}.ttl(::core::time::Duration::from_millis(1000u64))
+            .permits(3u32);"
+        );
+        assert!(contains(&permits, &chain), "{permits}");
     }
 
     #[test]

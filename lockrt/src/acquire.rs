@@ -475,7 +475,7 @@ impl<'a> Acquisition<'a> {
     }
 
     fn failed(&self, e: BackendError) -> LockError {
-        crate::metrics::acquire_failed();
+        crate::metrics::acquire_failed(self.terms.site);
         if e.is_unreachable() {
             // The outage itself is logged once per interval, not once per call.
             tracing::debug!(key = ?&*self.key.user, error = %e, "acquire failed");
@@ -581,6 +581,7 @@ impl<'a> Acquisition<'a> {
                 counter: taken.fence,
                 local: taken.local,
                 chain,
+                site: self.terms.site,
             },
             turn,
         ));
@@ -605,7 +606,7 @@ impl<'a> Acquisition<'a> {
             entry.set_holder(Owner::current(), &info);
         }
         self.locker.note_held();
-        crate::metrics::acquired(self.start.elapsed(), self.key.kind);
+        crate::metrics::acquired(self.start.elapsed(), self.key.kind, self.terms.site);
         tracing::debug!(
             key = ?&*self.key.user,
             fence = info.fence(),
@@ -628,7 +629,7 @@ impl<'a> Acquisition<'a> {
     }
 
     fn timeout(&self, why: &str) -> LockError {
-        crate::metrics::timed_out();
+        crate::metrics::timed_out(self.terms.site);
         let waited_ms = self.start.elapsed().as_millis() as u64;
         if self.terms.wait == Wait::For(Duration::ZERO) || self.terms.busy_expected {
             // One attempt that found the lock busy: what a fleet of job instances does each

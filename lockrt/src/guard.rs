@@ -264,7 +264,8 @@ impl Release {
         }
         match res {
             Ok(Released::Freed | Released::HandedOver) => {
-                crate::metrics::released(self.info.acquired_at.elapsed(), self.info.key.kind)
+                let held = self.info.acquired_at.elapsed();
+                crate::metrics::released(held, self.info.key.kind, self.info.site)
             }
             // The cause found before (a forced unlock, the deadline), if any, stands.
             Ok(Released::NotOwner) => {

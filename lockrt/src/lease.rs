@@ -55,6 +55,8 @@ pub(crate) struct LeaseInfo {
     pub(crate) hold_until: Option<Instant>,
     /// When the lock was taken (the reply's arrival), for the hold-time metric.
     pub(crate) acquired_at: Instant,
+    /// The metrics label of the lock site that took it.
+    pub(crate) site: &'static str,
     /// A release before this keeps the lock until then (`min_hold`).
     pub(crate) keep_until: Option<Instant>,
     /// Set after the lock was taken: kept until then by any release, shutdown's too (a
@@ -351,6 +353,7 @@ pub(crate) struct NewLease {
     pub(crate) local: u32,
     /// The chain of a lease passed on; `None` for a lock taken from the backend.
     pub(crate) chain: Option<Arc<Chain>>,
+    pub(crate) site: &'static str,
 }
 
 impl LeaseInfo {
@@ -369,6 +372,7 @@ impl LeaseInfo {
             safety: n.safety,
             hold_until,
             acquired_at,
+            site: n.site,
             keep_until: n.min_hold.and_then(|h| Instant::now().checked_add(h)),
             kept_after: OnceLock::new(),
             unkept: std::sync::atomic::AtomicBool::new(false),
@@ -494,7 +498,7 @@ pub(crate) fn declare_lost(info: &LeaseInfo, cause: LossCause) {
         .loss_reported
         .swap(true, std::sync::atomic::Ordering::AcqRel)
     {
-        crate::metrics::lost(cause);
+        crate::metrics::lost(cause, info.site);
         tracing::warn!(key = ?&*info.key.user, cause = %cause, "lock lost");
     }
     info.lost.cancel();
@@ -641,6 +645,7 @@ pub(crate) mod tests {
             counter: 1,
             local: 0,
             chain: None,
+            site: crate::options::UNNAMED_SITE,
         };
         Arc::new(LeaseInfo::new(lease, Some(turn)))
     }

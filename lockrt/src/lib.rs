@@ -301,6 +301,7 @@ pub use section::Checked;
 ///         "stock:{}", ::lockrt::__private::KeyPart(& id, '%')
 ///     );
 ///     let __lockrt_options: ::lockrt::__private::LockOptions = ::lockrt::__private::LockOptions::new()
+///         .site(::core::concat!(::core::module_path!(), "::", "deduct"))
 ///         .ttl(::core::time::Duration::from_millis(30000u64));
 ///     let __lockrt_body = async move {
 ///         #[allow(

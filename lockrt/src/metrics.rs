@@ -1,20 +1,21 @@
 //! Metrics through the `metrics` facade (feature `metrics`): the application installs the
 //! exporter (Prometheus, OpenTelemetry, ...). Without the feature every function here is an
 //! empty inline fn. Names (label `cause` has five values, `kind` three: `exclusive`, `read`,
-//! `permits`; lock keys are never labels, they would make unbounded label values):
+//! `permits`; `site` is the lock site's name, [`LockOptions::site`](crate::LockOptions::site),
+//! from a fixed set; lock keys are never labels, they would make unbounded label values):
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
-//! | `lockrt_acquired_total` | counter | locks taken (`acquire`, `run`, the attribute), by `kind` |
-//! | `lockrt_timeouts_total` | counter | acquisitions whose `wait` elapsed (a `wait = 0` attempt that found the lock busy too) |
-//! | `lockrt_acquire_failures_total` | counter | acquisitions that failed on the lock server (unreachable, refused); the body never ran |
-//! | `lockrt_lost_total` | counter | leases lost while held, once each wherever found (a renewal, the deadline, the release), by `cause`: `expired`, `unreachable`, `max_hold`, `force_unlocked` |
+//! | `lockrt_acquired_total` | counter | locks taken (`acquire`, `run`, the attribute), by `kind` and `site` |
+//! | `lockrt_timeouts_total` | counter | acquisitions whose `wait` elapsed (a `wait = 0` attempt that found the lock busy too), by `site` |
+//! | `lockrt_acquire_failures_total` | counter | acquisitions that failed on the lock server (unreachable, refused); the body never ran; by `site` |
+//! | `lockrt_lost_total` | counter | leases lost while held, once each wherever found (a renewal, the deadline, the release), by `cause` (`expired`, `unreachable`, `max_hold`, `force_unlocked`) and `site` |
 //! | `lockrt_force_unlocks_total` | counter | locks this locker force-unlocked (`Locker::force_unlock`, `lockctl unlock --force`) |
-//! | `lockrt_released_total` | counter | locks released, by `kind` |
+//! | `lockrt_released_total` | counter | locks released, by `kind` and `site` |
 //! | `lockrt_release_failures_total` | counter | releases that failed on the lock server (the lease ends the lock) |
 //! | `lockrt_renewal_failures_total` | counter | renewals that failed (retried within the deadline) |
-//! | `lockrt_wait_seconds` | histogram | time from the call to holding the lock |
-//! | `lockrt_hold_seconds` | histogram | time from holding to release |
+//! | `lockrt_wait_seconds` | histogram | time from the call to holding the lock, by `site` |
+//! | `lockrt_hold_seconds` | histogram | time from holding to release, by `site` |
 //! | `lockrt_handoff_seconds` | histogram | time from a waiter being woken by a release to holding the lock |
 //! | `lockrt_local_handoffs_total` | counter | locks passed to the next holder inside the process (`LockerBuilder::local_handoff`) |
 //! | `lockrt_held` | gauge | locks held now, by `kind` |
@@ -133,9 +134,9 @@ mod imp {
         }
     }
 
-    pub(crate) fn acquired(waited: Duration, kind: &'static str) {
-        metrics::counter!("lockrt_acquired_total", "kind" => kind).increment(1);
-        metrics::histogram!("lockrt_wait_seconds").record(waited.as_secs_f64());
+    pub(crate) fn acquired(waited: Duration, kind: &'static str, site: &'static str) {
+        metrics::counter!("lockrt_acquired_total", "kind" => kind, "site" => site).increment(1);
+        metrics::histogram!("lockrt_wait_seconds", "site" => site).record(waited.as_secs_f64());
         metrics::gauge!("lockrt_held", "kind" => kind).increment(1.0);
     }
 
@@ -147,21 +148,25 @@ mod imp {
         metrics::counter!("lockrt_local_handoffs_total").increment(1);
     }
 
-    pub(crate) fn released(held: Duration, kind: &'static str) {
-        metrics::counter!("lockrt_released_total", "kind" => kind).increment(1);
-        metrics::histogram!("lockrt_hold_seconds").record(held.as_secs_f64());
+    pub(crate) fn released(held: Duration, kind: &'static str, site: &'static str) {
+        metrics::counter!("lockrt_released_total", "kind" => kind, "site" => site).increment(1);
+        metrics::histogram!("lockrt_hold_seconds", "site" => site).record(held.as_secs_f64());
     }
 
     pub(crate) fn ended(kind: &'static str) {
         metrics::gauge!("lockrt_held", "kind" => kind).decrement(1.0);
     }
 
-    pub(crate) fn timed_out() {
-        metrics::counter!("lockrt_timeouts_total").increment(1);
+    pub(crate) fn timed_out(site: &'static str) {
+        metrics::counter!("lockrt_timeouts_total", "site" => site).increment(1);
     }
 
-    pub(crate) fn lost(cause: &'static str) {
-        metrics::counter!("lockrt_lost_total", "cause" => cause).increment(1);
+    pub(crate) fn lost(cause: &'static str, site: &'static str) {
+        metrics::counter!("lockrt_lost_total", "cause" => cause, "site" => site).increment(1);
+    }
+
+    pub(crate) fn acquire_failed(site: &'static str) {
+        metrics::counter!("lockrt_acquire_failures_total", "site" => site).increment(1);
     }
 
     pub(crate) fn count(name: &'static str) {
@@ -186,19 +191,21 @@ mod imp {
         let _ = super::HELP;
     }
     #[inline]
-    pub(crate) fn acquired(_: Duration, _: &'static str) {}
+    pub(crate) fn acquired(_: Duration, _: &'static str, _: &'static str) {}
     #[inline]
     pub(crate) fn handoff(_: Duration) {}
     #[inline]
     pub(crate) fn local_handoff() {}
     #[inline]
-    pub(crate) fn released(_: Duration, _: &'static str) {}
+    pub(crate) fn released(_: Duration, _: &'static str, _: &'static str) {}
     #[inline]
     pub(crate) fn ended(_: &'static str) {}
     #[inline]
-    pub(crate) fn timed_out() {}
+    pub(crate) fn timed_out(_: &'static str) {}
     #[inline]
-    pub(crate) fn lost(_: &'static str) {}
+    pub(crate) fn acquire_failed(_: &'static str) {}
+    #[inline]
+    pub(crate) fn lost(_: &'static str, _: &'static str) {}
     #[inline]
     pub(crate) fn count(_: &'static str) {}
     #[inline]
@@ -207,9 +214,9 @@ mod imp {
     pub(crate) fn waiting(_: f64) {}
 }
 
-/// A lock of `kind` taken after waiting `waited`.
-pub(crate) fn acquired(waited: Duration, kind: LockKind) {
-    imp::acquired(waited, kind.as_str());
+/// A lock of `kind` taken at `site` after waiting `waited`.
+pub(crate) fn acquired(waited: Duration, kind: LockKind, site: &'static str) {
+    imp::acquired(waited, kind.as_str(), site);
 }
 
 /// A waiter held the lock `took` after a release woke it.
@@ -222,9 +229,9 @@ pub(crate) fn local_handoff() {
     imp::local_handoff();
 }
 
-/// A lock of `kind` released after being held `held`.
-pub(crate) fn released(held: Duration, kind: LockKind) {
-    imp::released(held, kind.as_str());
+/// A lock of `kind` taken at `site` released after being held `held`.
+pub(crate) fn released(held: Duration, kind: LockKind, site: &'static str) {
+    imp::released(held, kind.as_str(), site);
 }
 
 /// A held lock's local bookkeeping ended (released, lost or dropped).
@@ -232,19 +239,19 @@ pub(crate) fn ended(kind: LockKind) {
     imp::ended(kind.as_str());
 }
 
-/// An acquisition's wait elapsed.
-pub(crate) fn timed_out() {
-    imp::timed_out();
+/// An acquisition's wait elapsed at `site`.
+pub(crate) fn timed_out(site: &'static str) {
+    imp::timed_out(site);
 }
 
-/// A lease was lost while held.
-pub(crate) fn lost(cause: crate::error::LossCause) {
-    imp::lost(cause.as_str());
+/// A lease taken at `site` was lost while held.
+pub(crate) fn lost(cause: crate::error::LossCause, site: &'static str) {
+    imp::lost(cause.as_str(), site);
 }
 
-/// An acquisition failed on the lock server.
-pub(crate) fn acquire_failed() {
-    imp::count("lockrt_acquire_failures_total");
+/// An acquisition at `site` failed on the lock server.
+pub(crate) fn acquire_failed(site: &'static str) {
+    imp::acquire_failed(site);
 }
 
 /// A release failed on the lock server.

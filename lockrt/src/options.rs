@@ -102,6 +102,8 @@ pub struct LockOptions {
     /// don't run the tick): an elapsed wait logs at DEBUG.
     pub(crate) busy_expected: bool,
     pub(crate) retry_unreachable: bool,
+    /// The lock site's name for metrics (`site`).
+    pub(crate) site: Option<&'static str>,
     pub(crate) kind: LockKind,
 }
 
@@ -128,6 +130,7 @@ impl LockOptions {
             min_hold: None,
             busy_expected: false,
             retry_unreachable: false,
+            site: None,
             kind: LockKind::Exclusive,
         }
     }
@@ -296,6 +299,27 @@ impl LockOptions {
         self
     }
 
+    /// The name of this lock site in metrics: the label `site` of the acquisition, timeout,
+    /// failure, loss, wait and hold metrics (feature `metrics`), so that the timeouts of one
+    /// endpoint and the waits of another don't look alike. A name of the call site, from a
+    /// fixed set (`&'static str`), never the rendered key: label values must stay bounded.
+    /// `#[distributed_lock]` sets it to the annotated fn's path (`billing::refund`);
+    /// `lockrt::every` to the job's name. Unset: `unnamed`.
+    ///
+    /// ```
+    /// let opts = lockrt::LockOptions::new().site("refund");
+    /// # assert_eq!(opts.get_site(), Some("refund"));
+    /// ```
+    pub const fn site(mut self, name: &'static str) -> Self {
+        self.site = Some(name);
+        self
+    }
+
+    /// The lock site's name set here, if any.
+    pub const fn get_site(&self) -> Option<&'static str> {
+        self.site
+    }
+
     /// Whether an unreachable server is retried within `wait`.
     pub const fn get_retry_unreachable(&self) -> bool {
         self.retry_unreachable
@@ -350,8 +374,13 @@ pub(crate) struct Terms {
     pub(crate) min_hold: Option<Duration>,
     pub(crate) busy_expected: bool,
     pub(crate) retry_unreachable: bool,
+    /// The metrics label `site` (see [`LockOptions::site`]).
+    pub(crate) site: &'static str,
     pub(crate) kind: LockKind,
 }
+
+/// The `site` label of a lock whose options name none.
+pub(crate) const UNNAMED_SITE: &str = "unnamed";
 
 impl LockOptions {
     /// The one place where options meet a locker's defaults.
@@ -364,6 +393,7 @@ impl LockOptions {
             min_hold: self.min_hold,
             busy_expected: self.busy_expected,
             retry_unreachable: self.retry_unreachable,
+            site: self.site.unwrap_or(UNNAMED_SITE),
             kind: self.kind,
         }
     }

@@ -249,13 +249,13 @@ fn every_loss_timeout_failure_and_forced_unlock_is_counted() {
     let c = counters(snapshots);
     eprintln!("{c:#?}");
     for (name, want) in [
-        ("lockrt_lost_total{cause=max_hold}", 1),
-        ("lockrt_lost_total{cause=expired}", 1),
-        ("lockrt_lost_total{cause=force_unlocked}", 1),
-        ("lockrt_lost_total{cause=unreachable}", 1),
+        ("lockrt_lost_total{cause=max_hold,site=unnamed}", 1),
+        ("lockrt_lost_total{cause=expired,site=unnamed}", 1),
+        ("lockrt_lost_total{cause=force_unlocked,site=unnamed}", 1),
+        ("lockrt_lost_total{cause=unreachable,site=unnamed}", 1),
         ("lockrt_force_unlocks_total", 1),
-        ("lockrt_timeouts_total", 1),
-        ("lockrt_acquire_failures_total", 2),
+        ("lockrt_timeouts_total{site=unnamed}", 1),
+        ("lockrt_acquire_failures_total{site=unnamed}", 2),
         ("lockrt_release_failures_total", 1),
     ] {
         assert_eq!(c.get(name).copied().unwrap_or(0), want, "{name}: {c:#?}");
@@ -303,7 +303,7 @@ fn a_stalled_sections_error_and_metric_name_one_cause() {
     let Err(LockError::Lost { cause, .. }) = res else {
         panic!("{res:?}")
     };
-    let label = format!("lockrt_lost_total{{cause={}}}", cause.as_str());
+    let label = format!("lockrt_lost_total{{cause={},site=unnamed}}", cause.as_str());
     assert_eq!(lost_total(&c), 1, "{c:#?}");
     assert_eq!(
         c.get(&label).copied().unwrap_or(0),
@@ -451,18 +451,26 @@ fn locks_taken_and_released_are_counted_by_kind() {
             g.release().await.unwrap();
         }
     });
-    assert_eq!(c.get("lockrt_acquired_total{kind=read}"), Some(&2), "{c:?}");
     assert_eq!(
-        c.get("lockrt_acquired_total{kind=permits}"),
+        c.get("lockrt_acquired_total{kind=read,site=unnamed}"),
+        Some(&2),
+        "{c:?}"
+    );
+    assert_eq!(
+        c.get("lockrt_acquired_total{kind=permits,site=unnamed}"),
         Some(&1),
         "{c:?}"
     );
     assert_eq!(
-        c.get("lockrt_acquired_total{kind=exclusive}"),
+        c.get("lockrt_acquired_total{kind=exclusive,site=unnamed}"),
         Some(&1),
         "{c:?}"
     );
-    assert_eq!(c.get("lockrt_released_total{kind=read}"), Some(&2), "{c:?}");
+    assert_eq!(
+        c.get("lockrt_released_total{kind=read,site=unnamed}"),
+        Some(&2),
+        "{c:?}"
+    );
 }
 
 /// Every metric a locker records has `# HELP` text (and the histograms a unit) as an exporter
@@ -509,4 +517,106 @@ fn every_metric_recorded_has_help_text() {
             assert_eq!(*unit, Some(metrics::Unit::Seconds), "{name}");
         }
     }
+}
+
+#[lockrt::distributed_lock(key = "refund:{order}", locker = locker, wait = "0s")]
+async fn refund(locker: &Locker, order: u32) -> Result<u32, LockError> {
+    Ok(order)
+}
+
+/// Every acquisition, timeout, failure, loss, wait and hold carries the lock site: the
+/// annotated fn's path for the attribute, the name given to `site` otherwise, `unnamed`
+/// without one; never the key (three orders are one site). Against a real redis-server.
+#[test]
+fn metrics_carry_the_lock_site_not_the_key() {
+    let mut redis = lockrt::testing::RedisServer::start().expect("redis-server");
+    let url = redis.url();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = runtime();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let locker = Locker::connect(&url).await.unwrap();
+            for order in 1..=3 {
+                assert_eq!(refund(&locker, order).await.unwrap(), order);
+            }
+            let export = LockOptions::new().site("export").ttl(ms(500));
+            let g = locker.acquire("export:t1", export).await.unwrap();
+            // Another instance's export finds the slot taken.
+            let other = Locker::connect(&url).await.unwrap();
+            let busy = other.run("export:t1", export.wait(ms(0)), async {}).await;
+            assert!(busy.unwrap_err().is_timeout());
+            assert!(other.force_unlock("export:t1").await.unwrap());
+            tokio::time::timeout(ms(5_000), g.lost()).await.unwrap();
+            drop(g);
+            locker
+                .run("plain", LockOptions::new(), async {})
+                .await
+                .unwrap();
+            redis.kill();
+            let down = locker.acquire("export:t2", export).await;
+            assert!(down.unwrap_err().is_backend());
+        })
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let mut by_site = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for (k, ..) in &snapshot {
+        let key = k.key();
+        let site = key
+            .labels()
+            .find(|l| l.key() == "site")
+            .map(|l| l.value().to_owned());
+        if let Some(site) = site {
+            by_site.entry(site).or_default().push(key.name().to_owned());
+        }
+        let keys = [
+            "refund:1",
+            "refund:2",
+            "refund:3",
+            "export:t1",
+            "export:t2",
+            "plain",
+        ];
+        assert!(
+            key.labels().all(|l| !keys.contains(&l.value())),
+            "a key in a label: {key:?}"
+        );
+    }
+    eprintln!("{by_site:#?}");
+    let c = counters(vec![snapshot]);
+    let site = "semantics::metrics::refund";
+    for (name, want) in [
+        (
+            format!("lockrt_acquired_total{{kind=exclusive,site={site}}}"),
+            3,
+        ),
+        (
+            format!("lockrt_released_total{{kind=exclusive,site={site}}}"),
+            3,
+        ),
+        (
+            "lockrt_acquired_total{kind=exclusive,site=export}".into(),
+            1,
+        ),
+        ("lockrt_timeouts_total{site=export}".into(), 1),
+        (
+            "lockrt_lost_total{cause=force_unlocked,site=export}".into(),
+            1,
+        ),
+        ("lockrt_acquire_failures_total{site=export}".into(), 1),
+        (
+            "lockrt_acquired_total{kind=exclusive,site=unnamed}".into(),
+            1,
+        ),
+    ] {
+        assert_eq!(c.get(&name).copied().unwrap_or(0), want, "{name}: {c:#?}");
+    }
+    for s in [site, "export", "unnamed"] {
+        let names = &by_site[s];
+        assert!(
+            names.iter().any(|n| n == "lockrt_wait_seconds"),
+            "{s}: {names:?}"
+        );
+    }
+    assert!(by_site[site].iter().any(|n| n == "lockrt_hold_seconds"));
 }
