@@ -108,7 +108,7 @@ const HELP: [(&str, Shape, &str); 17] = [
     ),
     (
         "lockrt_job_last_success_seconds",
-        Shape::Gauge,
+        Shape::Time,
         "When a run of the job last finished on this instance (Unix seconds), by job.",
     ),
 ];
@@ -120,6 +120,8 @@ enum Shape {
     Counter,
     Gauge,
     Seconds,
+    /// A gauge holding a time (Unix seconds).
+    Time,
 }
 
 /// Describes every metric to the recorder now installed (the global one, or a thread's):
@@ -142,6 +144,7 @@ mod imp {
                 Shape::Seconds => {
                     metrics::describe_histogram!(name, metrics::Unit::Seconds, help)
                 }
+                Shape::Time => metrics::describe_gauge!(name, metrics::Unit::Seconds, help),
             }
         }
     }
