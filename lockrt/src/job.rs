@@ -19,6 +19,7 @@
 
 mod handle;
 mod schedule;
+mod status;
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -31,6 +32,7 @@ use handle::Stopper;
 pub use handle::{JobHandle, Stop, spawn_every};
 pub use schedule::Schedule;
 use schedule::{KEEP_PAST_END, Tick};
+pub use status::JobStatus;
 
 /// Bounds the sleeps towards one tick start: a wall clock set back wakes the sleeper early,
 /// and it sleeps again, but not without end.

@@ -17,6 +17,7 @@ mod force_revoke;
 mod grant_lease;
 mod handover_sync;
 mod inspect;
+mod job_cron;
 mod key_hygiene;
 mod late_acquire;
 mod loss;
