@@ -18,6 +18,8 @@ mod grant_lease;
 mod handover_sync;
 mod inspect;
 mod job_cron;
+mod job_handle;
+mod job_metrics;
 mod key_hygiene;
 mod late_acquire;
 mod loss;
