@@ -5,6 +5,7 @@
 //! lockctl --url ... show KEY
 //! lockctl --url ... unlock --force KEY
 //! lockctl --url ... watch [PATTERN] [--interval 1s] [--count N]
+//! lockctl --url ... jobs [PATTERN]
 //! ```
 //!
 //! One line per lock: key, holder (`service@host pid`; for a read lock `N readers`, for a
@@ -19,13 +20,17 @@
 //! Keys and owner record fields are text anyone with write access to Redis chooses: they are
 //! printed as lockrt's logs print keys, quoted and escaped (Rust's `Debug` form), so a key
 //! holding a newline or a terminal control sequence cannot forge a row or repaint the screen.
+//!
+//! `list` and `watch` show held locks: a released lock kept taken (`min_hold`, the mark of a
+//! finished `every` tick) only with `list --released`. `jobs` shows each `every` job with a
+//! claim on the server: its run going on and its latest finished run, by whom.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
-use lockrt::{Holder, LockInfo, LockKind, Locker, LockerBuilder, LockerConfig};
+use lockrt::{Holder, JobStatus, LockInfo, LockKind, Locker, LockerBuilder, LockerConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -53,6 +58,17 @@ enum Command {
     /// Held locks whose keys match PATTERN (a Redis glob, default all), one per line.
     List {
         /// A glob over the user keys (without the prefix).
+        #[arg(default_value = "*")]
+        pattern: String,
+        /// Also the released locks kept taken: a `min_hold` not over, the marks of finished
+        /// job ticks.
+        #[arg(long)]
+        released: bool,
+    },
+    /// The scheduled jobs (lockrt::every) with a claim on the server: the run going on and the
+    /// latest finished run, by whom.
+    Jobs {
+        /// A glob over the job names.
         #[arg(default_value = "*")]
         pattern: String,
     },
@@ -122,7 +138,8 @@ fn usage_error(e: clap::Error) -> ExitCode {
 async fn run(cli: Cli) -> Result<ExitCode, String> {
     let locker = connect(cli.url, cli.prefix).await?;
     match cli.command {
-        Command::List { pattern } => list(&locker, &pattern, cli.json).await,
+        Command::List { pattern, released } => list(&locker, &pattern, released, cli.json).await,
+        Command::Jobs { pattern } => jobs(&locker, &pattern, cli.json).await,
         Command::Show { key } => show(&locker, &key, cli.json).await,
         Command::Unlock { force, key } => unlock(&locker, &key, force).await,
         Command::Watch {
@@ -165,8 +182,18 @@ async fn connect(url: Option<String>, prefix: Option<String>) -> Result<Locker, 
         .map_err(|e| format!("cannot connect (URL from {source}): {e}"))
 }
 
-async fn list(locker: &Locker, pattern: &str, json: bool) -> Result<ExitCode, String> {
-    let locks = locker.locks(pattern).await.map_err(|e| e.to_string())?;
+async fn list(
+    locker: &Locker,
+    pattern: &str,
+    released: bool,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let locks = if released {
+        locker.locks_with_released(pattern).await
+    } else {
+        locker.locks(pattern).await
+    };
+    let locks = locks.map_err(|e| e.to_string())?;
     if json {
         let all: Vec<serde_json::Value> = locks.iter().map(to_json).collect();
         println!("{}", serde_json::Value::Array(all));
@@ -177,6 +204,58 @@ async fn list(locker: &Locker, pattern: &str, json: bool) -> Result<ExitCode, St
         println!("{}", line(l));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line per job: its name, the run going on (by whom, since when) and the latest finished
+/// run (by whom, when it claimed its tick).
+async fn jobs(locker: &Locker, pattern: &str, json: bool) -> Result<ExitCode, String> {
+    let jobs = locker.jobs(pattern).await.map_err(|e| e.to_string())?;
+    if json {
+        let all: Vec<serde_json::Value> = jobs.iter().map(job_json).collect();
+        println!("{}", serde_json::Value::Array(all));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<32} {:<8} {:<40} {:<26} {:>10}",
+        "JOB", "STATE", "LAST RUN BY", "LAST RUN CLAIMED AT", "AGO"
+    );
+    for j in &jobs {
+        let (state, last) = match (&j.running, &j.finished) {
+            (Some(r), _) => ("running", r),
+            (None, Some(f)) => ("finished", f),
+            (None, None) => continue,
+        };
+        let (by, at, ago) = last.holder.as_ref().map_or_else(
+            || ("-".to_owned(), "-".to_owned(), "-".to_owned()),
+            |h| {
+                let (at, ago) = when(h.acquired_at_ms);
+                (who(h), at, ago.replace(' ', ""))
+            },
+        );
+        println!(
+            "{:<32} {:<8} {:<40} {:<26} {:>10}",
+            format!("{:?}", j.name),
+            state,
+            by,
+            at,
+            ago
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A job as JSON: its run going on and its latest finished run, as `list` prints locks.
+fn job_json(j: &JobStatus) -> serde_json::Value {
+    serde_json::json!({
+        "name": j.name,
+        "running": j.running.as_ref().map(to_json),
+        "finished": j.finished.as_ref().map(to_json),
+    })
+}
+
+/// `service@host pid`, quoted and escaped.
+fn who(h: &Holder) -> String {
+    format!("{:?}@{:?} {}", h.service, h.host, h.pid)
 }
 
 /// Exit code 1 when the lock is not held.
@@ -329,6 +408,7 @@ fn to_json(l: &LockInfo) -> serde_json::Value {
         "remaining_ms": l.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         "fence": l.fence,
         "waiters": l.waiters,
+        "released": l.released,
     })
 }
 
@@ -352,7 +432,7 @@ fn line(l: &LockInfo) -> String {
     let holder = match (l.kind, &l.holder) {
         (LockKind::Read, _) => format!("{} readers", l.shared.len()),
         (LockKind::Permits(n), _) => format!("{}/{n} permits", l.shared.len()),
-        (_, Some(h)) => format!("{:?}@{:?} {}", h.service, h.host, h.pid),
+        (_, Some(h)) => who(h),
         (_, None) => "-".to_owned(),
     };
     let lease = l

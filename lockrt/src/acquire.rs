@@ -366,7 +366,7 @@ impl<'a> Acquisition<'a> {
         }
         // Queued before counted: a caller seen waiting is one a releasing holder passes to.
         let spot = QueueSpot::new(self.locker, entry);
-        let _waiting = Counted::new(&self.locker.inner.waiting);
+        let _waiting = self.counted();
         let permit = within(self.deadline, turn.acquire_owned()).await;
         match permit {
             Some(Ok(p)) => {
@@ -492,7 +492,7 @@ impl<'a> Acquisition<'a> {
         pending: &mut Pending<'_>,
         seen: &mut Seen,
     ) -> Result<Taken, LockError> {
-        let _waiting = Counted::new(&self.locker.inner.waiting);
+        let _waiting = self.counted();
         let listener = within(self.deadline, entry.listen())
             .await
             .ok_or_else(|| self.timeout("busy"))??;
@@ -628,8 +628,17 @@ impl<'a> Acquisition<'a> {
         self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
+    /// Counts this caller as waiting, unless its lock was expected busy (a job's claim, which
+    /// every idle instance waits for all tick long).
+    fn counted(&self) -> Option<Counted<'_>> {
+        (!self.terms.busy_expected).then(|| Counted::new(&self.locker.inner.waiting))
+    }
+
     fn timeout(&self, why: &str) -> LockError {
-        crate::metrics::timed_out(self.terms.site);
+        // A busy lock that was expected (a job's claim) is no timeout an operator watches.
+        if !self.terms.busy_expected {
+            crate::metrics::timed_out(self.terms.site);
+        }
         let waited_ms = self.start.elapsed().as_millis() as u64;
         if self.terms.wait == Wait::For(Duration::ZERO) || self.terms.busy_expected {
             // One attempt that found the lock busy: what a fleet of job instances does each

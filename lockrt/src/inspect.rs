@@ -128,6 +128,10 @@ impl Locker {
     /// does not block the server; on a Redis Cluster it scans every master (found with
     /// `CLUSTER SLOTS`, connected with the seeds' credentials).
     ///
+    /// A lock released and kept taken until its `min_hold` ends, or the mark of a finished
+    /// [`every`](crate::every) tick, is held by nobody: it is not listed here (see
+    /// [`locks_with_released`](Self::locks_with_released)).
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
     /// let locker = lockrt::Locker::in_memory();
@@ -139,6 +143,26 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn locks(&self, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
+        let mut all = self.locks_with_released(pattern).await?;
+        all.retain(|l| !l.released);
+        Ok(all)
+    }
+
+    /// As [`locks`](Self::locks), and also the locks released and kept taken
+    /// ([`LockInfo::released`]): a `min_hold` not over yet, the marks of finished
+    /// [`every`](crate::every) ticks (`lockctl list --released`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
+    /// use std::time::Duration;
+    /// let locker = lockrt::Locker::in_memory();
+    /// let kept = lockrt::LockOptions::new().min_hold(Duration::from_secs(5));
+    /// locker.acquire("report", kept).await?.release().await?;
+    /// assert!(locker.locks("*").await?.is_empty());
+    /// assert!(locker.locks_with_released("*").await?[0].released);
+    /// # Ok(()) }
+    /// ```
+    pub async fn locks_with_released(&self, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
         let full = format!("{}{pattern}", self.prefix());
         let names = self.backend().scan(&full, MAX_LISTED).await?;
         let mut out = Vec::new();

@@ -1,18 +1,25 @@
-//! [`every`]: a job run once per tick across a fleet, on ticks every instance agrees on.
+//! [`every`]: a job run once per tick across a fleet, on ticks every instance agrees on (a
+//! [`Schedule`]: fixed ticks, or a cron expression in a time zone); [`spawn_every`] runs it
+//! as a task with a [`JobHandle`] that stops it.
 //!
 //! Each tick is claimed with a lock, `<name>:tick:<slot>`, the slot being the tick's number
-//! modulo [`slots`]: a job's state on the server is a fixed number of keys, not one per tick
-//! (a tick's claim is gone before the tick that reuses its slot starts). The instance whose
-//! run finishes releases that claim keeping it taken on the server (as `min_hold` does) for a
-//! tick (at least a second) past the tick's end: the mark survives its process, so no other
-//! instance runs the tick again, and instances whose clocks lag still find it taken. A run that
-//! does not finish (its process dies, its lock is lost, the locker shuts down) leaves the claim
-//! to expire after `ttl` or frees it, and an instance still waiting for the tick takes it over:
+//! (a cron tick's: its second) modulo the schedule's slots: a job's state on the server is a
+//! fixed number of keys, not one per tick (a tick's claim is gone before the tick that reuses
+//! its slot starts). The instance whose run finishes releases that claim keeping it taken on
+//! the server (as `min_hold` does) for a tick (at least a second) past the tick's end: the
+//! mark survives its process, so no other instance runs the tick again, and instances whose
+//! clocks lag still find it taken. A run that does not finish (its process dies, its lock is
+//! lost, the locker shuts down, its handle stops it with [`Stop::Now`]) leaves the claim to
+//! expire after `ttl` or frees it, and an instance still waiting for the tick takes it over:
 //! also after the tick's end, while the claim is held by a run that did not finish, until the
-//! next tick ends (then the tick is given up, with a WARN and a counter). The runs themselves hold the lock `<name>`, so a run that overruns
-//! its tick never overlaps the next (bounded by `max_hold`, one tick unless set). A job that
-//! finishes marks its tick done at once, on its claim's lease, so a shutdown racing the end of
-//! the run keeps the claim too.
+//! next tick ends (then the tick is given up, with a WARN and a counter). The runs themselves
+//! hold the lock `<name>`, so a run that overruns its tick never overlaps the next (bounded by
+//! `max_hold`, one tick unless set). A job that finishes marks its tick done at once, on its
+//! claim's lease, so a shutdown racing the end of the run keeps the claim too.
+
+mod handle;
+mod schedule;
+mod status;
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,12 +28,11 @@ use crate::error::{LockError, LossCause};
 use crate::locker::Locker;
 use crate::options::LockOptions;
 
-/// The shortest tick: below it, scheduling jitter eats the margin a claim is kept for.
-const MIN_TICK: Duration = Duration::from_millis(10);
-
-/// A finished tick's claim is kept at least this long past the tick's end (and at least a
-/// tick): what an instance whose clock lags may still be trying.
-const KEEP_PAST_END: Duration = Duration::from_secs(1);
+use handle::Stopper;
+pub use handle::{JobHandle, Stop, spawn_every};
+pub use schedule::Schedule;
+use schedule::{KEEP_PAST_END, Tick};
+pub use status::JobStatus;
 
 /// Bounds the sleeps towards one tick start: a wall clock set back wakes the sleeper early,
 /// and it sleeps again, but not without end.
@@ -47,6 +53,9 @@ enum Turn {
     Lost,
     /// The locker shut down before or while the job ran.
     Stopped,
+    /// Its [`JobHandle`] stopped the job before or while it ran (a run cut short with
+    /// [`Stop::Now`] is not finished: another instance may run the tick).
+    Halted,
     /// The job was cancelled at `max_hold`; the tick counts as done.
     MaxHold,
     /// The lock server failed; the tick is left to the others.
@@ -61,28 +70,32 @@ enum Turn {
     RunByNobody,
 }
 
-/// Runs `job` once per `tick` across every instance that calls this with the same `name` on
-/// the same lock server, until [`Locker::shutdown`]; then returns `Ok(())`. The job is given
-/// the tick's start (a key for work that must not be done twice).
+/// Runs `job` once per tick of `schedule` across every instance that calls this with the
+/// same `name` on the same lock server, until [`Locker::shutdown`]; then returns `Ok(())`.
+/// `schedule` is a [`Schedule`]: a `Duration` (fixed ticks) or [`Schedule::cron`]. The job is
+/// given the tick's start (a key for work that must not be done twice). To stop one job on
+/// its own (before draining HTTP, say), run it with [`spawn_every`] instead.
 ///
-/// - **Ticks follow the wall clock**: they start at multiples of `tick` since the Unix epoch
-///   (`tick = 1h` runs on the hour), so instances agree on them without talking. The first is
-///   the next one to start.
+/// - **Ticks follow the wall clock**: a fixed `tick` starts at its multiples since the Unix
+///   epoch (`tick = 1h` runs on the hour); a cron tick at each time the expression names in its
+///   zone, and it ends at the next one (see [`Schedule`] for daylight-saving time). Instances
+///   agree on them without talking. The first is the next one to start.
 /// - **Exactly one run per tick** across the fleet: the instance that gets the tick's claim
 ///   runs it, the others wait for the claim until the tick ends and run it only if the holder
-///   dies first (its lease, `ttl`, runs out: pick `ttl` well below `tick` for a takeover
+///   dies first (its lease, `ttl`, runs out: pick `ttl` well below the tick for a takeover
 ///   within the tick). A holder that died late in the tick, whose lease runs out after the
 ///   tick's end, is taken over then (a WARN says the tick runs late), until the next tick
 ///   ends; a claim still held by a run that neither finished nor renews at that point is
-///   given up with a WARN and the counter `lockrt_job_ticks_given_up_total`. A finished run keeps its claim a tick (at least a second) past the
-///   tick's end, so neither a crash after the run nor a clock that lags by less than that makes
-///   it run twice. A run stopped by `shutdown()` or a lost lock is not finished: an instance
-///   still waiting runs the tick. A tick whose run was cut short (also a late run's) or whose
-///   claim failed is looked at again, and one that no instance finished is reported (WARN
-///   `tick run by no instance`, the same counter).
+///   given up with a WARN and the counter `lockrt_job_ticks_given_up_total`. A finished run
+///   keeps its claim a tick (at least a second) past the tick's end, so neither a crash after
+///   the run nor a clock that lags by less than that makes it run twice. A run stopped by
+///   `shutdown()`, a lost lock or [`Stop::Now`] is not finished: an instance still waiting
+///   runs the tick. A tick whose run was cut short (also a late run's) or whose claim failed
+///   is looked at again, and one that no instance finished is reported (WARN `tick run by no
+///   instance`, the same counter).
 /// - **Runs never overlap**: each holds the lock `name`; a tick whose run can't start before
 ///   the tick ends (the previous run still going) is skipped and logged at WARN. `max_hold`
-///   bounds a run (default: one tick); past it the job is cancelled.
+///   bounds a run (default: one tick, a cron tick's own length); past it the job is cancelled.
 /// - Failures are logged and the next tick tried: a lost lock (the job is cancelled, as
 ///   `on_lost = "cancel"` does), an unreachable server (WARN).
 /// - At least once at one instant: an instance that dies after its job ended but before its
@@ -93,13 +106,17 @@ enum Turn {
 /// - A run is cancelled when the tick's claim is lost (an operator force-unlocked it), as when
 ///   its own lock is: another instance may be running the tick then. A run cut short at
 ///   `max_hold` counts as done (it would be cut short on every instance).
+/// - Metrics (feature `metrics`), labelled `job` = `name`: `lockrt_job_runs_total` by
+///   `outcome`, `lockrt_job_ticks_given_up_total`, `lockrt_job_last_success_seconds`. Waiting
+///   for a claim another instance holds is the expected outcome: it counts neither in
+///   `lockrt_timeouts_total` nor in `lockrt_waiting`.
 ///
 /// `opts` gives `ttl`, `max_hold`, `watchdog`. Errors, before any tick: `wait` or `min_hold`
 /// given (set per tick), `on_lost = continue` (a run whose lock is lost is always cancelled,
 /// or it could overlap the next), `read()` or `permits(n)` (shared claims would let every
-/// instance run every tick), a `tick` under 10 ms, `max_hold` + `ttl` + max(tick, 1 s) beyond
-/// 61 ticks + 10 minutes (a claim would outlive the job's claim slots), a `name` too long for
-/// any of its claim keys.
+/// instance run every tick), a fixed tick under 10 ms, `max_hold` + `ttl` + max(longest tick,
+/// 1 s) beyond what the claim slots span (fixed ticks: 61 ticks + 10 minutes; cron: two of its
+/// longest gaps + 10 minutes), a `name` too long for any of its claim keys.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockrt::LockError> {
@@ -126,153 +143,237 @@ enum Turn {
 pub async fn every<F, Fut>(
     locker: &Locker,
     name: &str,
-    tick: Duration,
+    schedule: impl Into<Schedule>,
     opts: LockOptions,
-    mut job: F,
+    job: F,
 ) -> Result<(), LockError>
 where
     F: FnMut(SystemTime) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let slots = check(locker, name, tick, &opts)?;
-    let tick_ms = tick.as_millis().max(1);
-    let mut start = next_tick(now_ms(), tick_ms);
-    // Ticks left to a run going on elsewhere past their end, or whose run here was cut short
-    // or failed: looked at again later, so that one nobody finishes is not lost silently.
-    let mut running: Vec<u128> = Vec::new();
-    loop {
-        tokio::select! {
-            biased;
-            () = locker.inner.closing.cancelled() => return Ok(()),
-            () = sleep_until_ms(start) => {}
-        }
-        let claim = claim_of(name, start, tick_ms, slots);
-        let turn = take_turn(locker, name, &claim, start, tick_ms, opts, &mut job).await;
-        match turn {
-            Ok(Turn::Running) if running.len() < MAX_WATCHED => running.push(start),
-            // A run cut short (its lock lost, a late run too) or a claim that failed may leave
-            // the tick to nobody: no instance may wait for it any more (with two instances, one
-            // died). Looked at again like a run going on elsewhere, and reported if unfinished.
-            Ok(turn @ (Turn::Lost | Turn::Failed)) if running.len() < MAX_WATCHED => {
-                log_turn(name, start, turn);
-                running.push(start);
-            }
-            Ok(turn) => log_turn(name, start, turn),
-            Err(LockError::ShutDown) => return Ok(()),
-            Err(e) => return Err(e),
-        }
-        watch(locker, name, &mut running, tick_ms, slots).await;
-        // The next tick, or the one now under way when this turn took longer (a run that
-        // overran, a late run): that one is claimed late, and the ticks in between are not
-        // made up for; one that no instance ran is reported.
-        let next = (start + tick_ms).max(now_ms() / tick_ms * tick_ms);
-        skipped(locker, name, (start + tick_ms, next), tick_ms, slots).await;
-        start = next;
-    }
+    let schedule = schedule.into();
+    check(locker, name, &schedule, &opts)?;
+    let stop = Stopper::default();
+    let j = Job {
+        locker,
+        name,
+        schedule: &schedule,
+        opts,
+        stop: &stop,
+    };
+    j.run(job).await
+}
+
+/// One job's settings, as every step of [`every`] reads them.
+struct Job<'a> {
+    locker: &'a Locker,
+    name: &'a str,
+    schedule: &'a Schedule,
+    opts: LockOptions,
+    stop: &'a Stopper,
 }
 
 /// Most ticks left to runs going on elsewhere that are looked at again.
 const MAX_WATCHED: usize = 8;
 
-/// Looks again at the ticks in `running` (left to a run going on elsewhere past their end):
-/// finished ones are forgotten; one whose claim is gone without a finished run's mark, once
-/// no instance may take it over any more (the next tick ended), was run by nobody (its runner
-/// died or was stopped after the others stopped waiting): reported.
-async fn watch(locker: &Locker, name: &str, running: &mut Vec<u128>, tick_ms: u128, slots: u128) {
-    let mut kept = Vec::with_capacity(running.len());
-    for &tick in running.iter() {
-        let claim = claim_of(name, tick, tick_ms, slots);
-        let now = now_ms();
-        match locker.lock_info(&claim).await {
-            Ok(Some(info)) if info.released => {
-                if !marks(&info, tick, tick_ms) {
-                    log_turn(name, tick, Turn::RunByNobody);
+/// Most ticks walked to find the one under way after a long run.
+const MAX_WALKED: u32 = 4_096;
+
+impl Job<'_> {
+    async fn run<F, Fut>(&self, mut job: F) -> Result<(), LockError>
+    where
+        F: FnMut(SystemTime) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let Some(mut start) = self.schedule.first(self.now()) else {
+            return self.no_more_ticks();
+        };
+        // Ticks left to a run going on elsewhere past their end, or whose run here was cut
+        // short or failed: looked at again later, so that one nobody finishes is not lost
+        // silently.
+        let mut running: Vec<Tick> = Vec::new();
+        loop {
+            tokio::select! {
+                biased;
+                () = self.locker.inner.closing.cancelled() => return Ok(()),
+                () = self.stop.ending.cancelled() => return Ok(()),
+                () = self.sleep_until(start) => {}
+            }
+            let Some(tick) = self.schedule.tick(start) else {
+                return self.no_more_ticks();
+            };
+            match self.take_turn(tick, &mut job).await {
+                Ok(Turn::Running) if running.len() < MAX_WATCHED => running.push(tick),
+                // A run cut short (its lock lost, a late run too) or a claim that failed may
+                // leave the tick to nobody: no instance may wait for it any more (with two
+                // instances, one died). Looked at again like a run going on elsewhere, and
+                // reported if unfinished.
+                Ok(turn @ (Turn::Lost | Turn::Failed)) if running.len() < MAX_WATCHED => {
+                    self.log_turn(tick, turn);
+                    running.push(tick);
                 }
+                Ok(turn) => self.log_turn(tick, turn),
+                Err(LockError::ShutDown) => return Ok(()),
+                Err(e) => return Err(e),
             }
-            // Still running: looked at again while its claim can live.
-            Ok(Some(_)) if now < tick + (slots - 2) * tick_ms => kept.push(tick),
-            Ok(Some(_)) => tracing::warn!(
-                job = name,
-                tick = tick as u64,
-                "tick still held by a run past its claim's longest life; not known whether it finishes"
-            ),
-            // Gone unfinished, but another instance may still take it over.
-            Ok(None) if now < tick + 2 * tick_ms => kept.push(tick),
-            // A finished run's mark would still be there.
-            Ok(None) if now < marked_until(tick, tick_ms) => {
-                log_turn(name, tick, Turn::RunByNobody)
+            if self.stop.ending.is_cancelled() {
+                return Ok(());
             }
-            // The server can't say now: looked at again next time, while a mark would tell.
-            Err(_) if now < marked_until(tick, tick_ms) => kept.push(tick),
-            Ok(None) | Err(_) => tracing::warn!(
-                job = name,
-                tick = tick as u64,
-                "tick cut short or failed here, and looked at again only after a finished run's \
-                 mark would have expired: not known whether another instance ran it"
-            ),
+            self.watch(&mut running).await;
+            // The next tick, or the one now under way when this turn took longer (a run that
+            // overran, a late run): that one is claimed late, and the ticks in between are not
+            // made up for; one that no instance ran is reported.
+            let Some(next) = self.under_way(tick.end) else {
+                return self.no_more_ticks();
+            };
+            self.skipped((tick.end, next)).await;
+            start = next;
         }
     }
-    *running = kept;
-}
 
-/// Most ticks skipped in a row that are looked at one by one.
-const MAX_SKIPPED_LOOKED_AT: u128 = 16;
+    /// The schedule names no time any more: the job ends, with a WARN.
+    fn no_more_ticks(&self) -> Result<(), LockError> {
+        tracing::warn!(job = self.name, schedule = %self.schedule, "no scheduled time left: the job ends");
+        Ok(())
+    }
 
-/// The ticks `[from, to)` this instance skipped while busy with an earlier one: each is
-/// looked at on the server, and one that no instance ran (no claim: neither a finished run's
-/// mark nor a run going on) is given up loudly (WARN, `lockrt_job_ticks_given_up_total`).
-async fn skipped(
-    locker: &Locker,
-    name: &str,
-    (from, to): (u128, u128),
-    tick_ms: u128,
-    slots: u128,
-) {
-    let keep = tick_ms.max(KEEP_PAST_END.as_millis());
-    let mut tick = from;
-    let mut looked = 0;
-    while tick < to {
-        let now = now_ms();
-        if looked == MAX_SKIPPED_LOOKED_AT || now >= tick + tick_ms + keep {
+    /// `end`, or the latest tick start at or before now when that is later (the tick under
+    /// way after a long run).
+    fn under_way(&self, end: u128) -> Option<u128> {
+        let now = self.now();
+        let mut at = end;
+        for _ in 0..MAX_WALKED {
+            match self.schedule.next(at) {
+                Some(next) if next <= now => at = next,
+                _ => return Some(at),
+            }
+        }
+        // A very long run over very short ticks: the next one to start.
+        self.schedule.first(now)
+    }
+
+    /// Looks again at the ticks in `running` (left to a run going on elsewhere past their
+    /// end): finished ones are forgotten; one whose claim is gone without a finished run's
+    /// mark, once no instance may take it over any more (the next tick ended), was run by
+    /// nobody (its runner died or was stopped after the others stopped waiting): reported.
+    async fn watch(&self, running: &mut Vec<Tick>) {
+        let mut kept = Vec::with_capacity(running.len());
+        for &tick in running.iter() {
+            let claim = self.claim_key(tick.slot);
+            let now = self.now();
+            match self.locker.lock_info(&claim).await {
+                Ok(Some(info)) if info.released => {
+                    if !self.marks(&info, tick) {
+                        self.log_turn(tick, Turn::RunByNobody);
+                    }
+                }
+                // Still running: looked at again while its claim can live.
+                Ok(Some(_)) if now < tick.start + self.schedule.slot_life() => kept.push(tick),
+                Ok(Some(_)) => tracing::warn!(
+                    job = self.name,
+                    tick = tick.start as u64,
+                    "tick still held by a run past its claim's longest life; not known whether it finishes"
+                ),
+                // Gone unfinished, but another instance may still take it over.
+                Ok(None) if now < tick.next_end => kept.push(tick),
+                // A finished run's mark would still be there.
+                Ok(None) if now < tick.marked_until() => self.log_turn(tick, Turn::RunByNobody),
+                // The server can't say now: looked at again next time, while a mark would tell.
+                Err(_) if now < tick.marked_until() => kept.push(tick),
+                Ok(None) | Err(_) => tracing::warn!(
+                    job = self.name,
+                    tick = tick.start as u64,
+                    "tick cut short or failed here, and looked at again only after a finished \
+                     run's mark would have expired: not known whether another instance ran it"
+                ),
+            }
+        }
+        *running = kept;
+    }
+
+    /// The ticks starting in `[from, to)` this instance skipped while busy with an earlier
+    /// one: each is looked at on the server, and one that no instance ran (no claim: neither a
+    /// finished run's mark nor a run going on) is given up loudly (WARN,
+    /// `lockrt_job_ticks_given_up_total`).
+    async fn skipped(&self, (from, to): (u128, u128)) {
+        let mut start = from;
+        for _ in 0..MAX_SKIPPED_LOOKED_AT {
+            if start >= to {
+                return;
+            }
+            let Some(tick) = self.schedule.tick(start) else {
+                return;
+            };
+            if self.now() >= tick.marked_until() {
+                break;
+            }
+            let ran = match self.locker.lock_info(&self.claim_key(tick.slot)).await {
+                // A run going on, or this tick's finished run's mark.
+                Ok(Some(info)) => !info.released || self.marks(&info, tick),
+                Ok(None) => false,
+                // The server can't say: the ticks are not judged.
+                Err(_) => return,
+            };
+            if !ran {
+                self.log_turn(tick, Turn::RunByNobody);
+            }
+            start = tick.end;
+        }
+        if start < to {
             // A finished run's mark may be gone already: not known.
             tracing::warn!(
-                job = name,
-                from = tick as u64,
+                job = self.name,
+                from = start as u64,
                 to = to as u64,
                 "ticks skipped here while busy; not known whether another instance ran them"
             );
-            return;
         }
-        looked += 1;
-        let claim = claim_of(name, tick, tick_ms, slots);
-        let ran = match locker.lock_info(&claim).await {
-            // A run going on, or this tick's finished run's mark.
-            Ok(Some(info)) => !info.released || marks(&info, tick, tick_ms),
-            Ok(None) => false,
-            // The server can't say: the ticks are not judged.
-            Err(_) => return,
-        };
-        if !ran {
-            log_turn(name, tick, Turn::RunByNobody);
+    }
+
+    /// The claim key of slot `slot`.
+    fn claim_key(&self, slot: u128) -> String {
+        claim_key(self.name, slot)
+    }
+
+    /// Whether the released claim `info` is the mark of a finished run of `tick`, not of an
+    /// older tick that used its slot before (taken a tick or more earlier).
+    fn marks(&self, info: &crate::inspect::LockInfo, tick: Tick) -> bool {
+        let acquired = info.holder.as_ref().map_or(0, |h| h.acquired_at_ms);
+        info.released && self.schedule.shift(u128::from(acquired)) + tick.gap() >= tick.start
+    }
+
+    fn now(&self) -> u128 {
+        self.schedule.now_ms()
+    }
+
+    /// From now until `at` (Unix ms on the job's clock), zero if past.
+    fn until(&self, at: u128) -> Duration {
+        Duration::from_millis(duration_ms(at.saturating_sub(self.now())))
+    }
+
+    /// Sleeps until the job's clock reads `at` (Unix ms).
+    async fn sleep_until(&self, at: u128) {
+        for _ in 0..MAX_SLEEPS_PER_TICK {
+            let left = self.until(at);
+            if left.is_zero() {
+                return;
+            }
+            tokio::time::sleep(left).await;
         }
-        tick += tick_ms;
     }
 }
 
-/// Checks the settings and names before any tick; the job's number of claim slots.
+/// Most ticks skipped in a row that are looked at one by one.
+const MAX_SKIPPED_LOOKED_AT: u32 = 16;
+
+/// Checks the settings and names before any tick.
 fn check(
     locker: &Locker,
     name: &str,
-    tick: Duration,
+    schedule: &Schedule,
     opts: &LockOptions,
-) -> Result<u128, LockError> {
-    if tick < MIN_TICK {
-        return Err(LockError::Config(format!(
-            "every(): `tick` must be at least {}ms (got {tick:?}): a claim kept for less than \
-             the scheduling jitter lets a tick run twice",
-            MIN_TICK.as_millis()
-        )));
-    }
+) -> Result<(), LockError> {
+    schedule.check()?;
     if opts.on_lost == crate::options::OnLost::Continue {
         return Err(LockError::Config(
             "every(): `on_lost = continue` would let a run whose lock was lost overlap the \
@@ -295,45 +396,34 @@ fn check(
         ));
     }
     locker.redis_key(name)?;
-    let tick_ms = tick.as_millis().max(1);
-    let slots = slots(tick_ms);
+    let slots = schedule.slots();
     // A tick's claim must be gone before the tick that reuses its slot starts.
+    let longest = schedule.longest_ms();
     let ttl = opts.ttl.unwrap_or(locker.defaults().ttl);
-    let life = claim_life(tick_ms, ttl, opts.max_hold.unwrap_or(tick));
-    if life > (slots - 2) * tick_ms {
+    let run_max = opts.max_hold.map_or(longest, |d| d.as_millis());
+    let life = claim_life(longest, ttl.as_millis(), run_max);
+    if life > schedule.slot_life() {
+        let room = schedule.slot_life() - 3 * longest;
         return Err(LockError::Config(format!(
-            "every(): `max_hold` plus `ttl` too long for a tick of {tick:?}: a tick's claim \
-             would outlive the job's {} claim slots; keep max_hold + ttl + max(tick, 1 s) \
-             within {} ticks + {} min",
+            "every(): `max_hold` plus `ttl` too long for {schedule}: a tick's claim would \
+             outlive the job's {} claim slots; keep max_hold + ttl + max(longest tick, 1 s) \
+             within {:?}",
             slots - 2,
-            SLOT_TICKS - 3,
-            SLOT_SPAN.as_secs() / 60
+            Duration::from_millis(duration_ms(room)),
         )));
     }
     // The longest claim key there will be.
     locker.redis_key(&claim_key(name, slots - 1))?;
-    Ok(slots)
+    Ok(())
 }
 
-/// Ticks and time a job's claim slots span (see [`slots`]).
-const SLOT_TICKS: u128 = 64;
-const SLOT_SPAN: Duration = Duration::from_secs(600);
-
-/// How many claim keys a job cycles through: a number of the tick alone, so that every
-/// instance of a job claims a tick on the same key whatever its other settings (a rolling
-/// deploy that changes `ttl` must not let two instances run one tick). 64 ticks plus ten
-/// minutes' worth; settings whose claims could live longer are refused (see [`claim_life`]).
-fn slots(tick_ms: u128) -> u128 {
-    SLOT_TICKS + SLOT_SPAN.as_millis().div_ceil(tick_ms) + 2
-}
-
-/// How long past a tick's start its claim may live: claimed until the tick ends, waited for
-/// until the next one ends, held by the run (bounded by the claim's `max_hold`, or its lease
-/// when the runner died), then kept as the finished tick's mark for a tick (at least a
-/// second).
-fn claim_life(tick_ms: u128, ttl: Duration, run_max: Duration) -> u128 {
-    let keep = tick_ms.max(KEEP_PAST_END.as_millis());
-    3 * tick_ms + run_max.as_millis() + ttl.as_millis() + keep
+/// How long past a tick's start its claim may live (ms), for a tick of `tick` ms: claimed
+/// until the tick ends, waited for until the next one ends, held by the run (bounded by the
+/// claim's `max_hold`, or its lease when the runner died), then kept as the finished tick's
+/// mark for a tick (at least a second).
+fn claim_life(tick: u128, ttl: u128, run_max: u128) -> u128 {
+    let keep = tick.max(KEEP_PAST_END.as_millis());
+    3 * tick + run_max + ttl + keep
 }
 
 /// The claim key of slot `slot`.
@@ -341,113 +431,119 @@ fn claim_key(name: &str, slot: u128) -> String {
     format!("{name}:tick:{slot}")
 }
 
-/// The claim key of the tick starting at `tick` (Unix ms).
-fn claim_of(name: &str, tick: u128, tick_ms: u128, slots: u128) -> String {
-    claim_key(name, tick / tick_ms % slots)
+/// What a run's body came to.
+enum Body {
+    Done,
+    /// The tick's claim was lost.
+    Lost,
+    /// Its handle stopped it with [`Stop::Now`].
+    Halted,
 }
 
-/// Whether the released claim `info` is the mark of a finished run of the tick starting at
-/// `tick`, not of an older tick that used its slot before (taken a tick or more earlier).
-fn marks(info: &crate::inspect::LockInfo, tick: u128, tick_ms: u128) -> bool {
-    let acquired = info.holder.as_ref().map_or(0, |h| h.acquired_at_ms);
-    info.released && u128::from(acquired) + tick_ms >= tick
-}
-
-/// One tick: its claim, then the run under the job's lock. `Err` only for what ends
-/// [`every`]: a shutdown, a key or setting the locker refuses.
-async fn take_turn<F, Fut>(
-    locker: &Locker,
-    name: &str,
-    claim_key: &str,
-    start: u128,
-    tick_ms: u128,
-    opts: LockOptions,
-    job: &mut F,
-) -> Result<Turn, LockError>
-where
-    F: FnMut(SystemTime) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let end = start + tick_ms;
-    let tick = Duration::from_millis(duration_ms(tick_ms));
-    let run_max = opts.max_hold.unwrap_or(tick);
-    // Held for as long as a run that starts at the tick's end may last: a claim that stopped
-    // renewing before the run ended would let a waiting instance run the tick again.
-    let claim_opts = LockOptions {
-        max_hold: Some(ms_until(end) + run_max + tick),
-        // Every instance but one waits for the claim until the tick ends: expected.
-        busy_expected: true,
-        ..opts
-    };
-    let (claim, late) = match claim_tick(locker, claim_key, start, tick_ms, claim_opts).await {
-        Ok(Claim::Ours { guard, late }) => (guard, late),
-        Ok(Claim::Elsewhere) => return Ok(Turn::Elsewhere),
-        Ok(Claim::Running) => return Ok(Turn::Running),
-        Ok(Claim::GivenUp) => return Ok(Turn::GivenUp),
-        Ok(Claim::TooLate) => return Ok(Turn::TooLate),
-        Err(LockError::Backend(e)) => {
-            // The tick is left to the others: named, so that one lost with it is not silent.
-            tracing::warn!(job = name, tick = start as u64, error = %e, "could not claim the tick");
-            return Ok(Turn::Failed);
-        }
-        Err(e) => return Err(e),
-    };
-    if late {
-        tracing::warn!(
-            job = name,
-            tick = start as u64,
-            late_ms = duration_ms(now_ms().saturating_sub(end)),
-            "tick runs late here: the run that had it did not finish (its runner died or was \
-             stopped, or its run could not start in time) and its claim came free"
-        );
-    }
-    // A late run may wait for the job's lock until the next tick ends (the dead runner's
-    // lease on it runs out, or the next tick's run ends first).
-    let run_until = if late { end + tick_ms } else { end };
-    let run_opts = opts.max_hold(run_max).wait(ms_until(run_until));
-    let scheduled = UNIX_EPOCH + Duration::from_millis(duration_ms(start));
-    let keep = || tokio::time::Instant::now() + ms_until(end) + tick.max(KEEP_PAST_END);
-    let lease = claim.lease().clone();
-    // The run also ends when the tick's claim is lost (forced unlock, eviction): another
-    // instance may be running the tick then. A finished job marks the tick done at once, so
-    // whatever releases the claim from then on (a shutdown racing the job lock's release)
-    // keeps it.
-    let body = async {
-        tokio::select! {
+impl Job<'_> {
+    /// One tick: its claim, then the run under the job's lock. `Err` only for what ends
+    /// [`every`]: a shutdown, a key or setting the locker refuses.
+    async fn take_turn<F, Fut>(&self, tick: Tick, job: &mut F) -> Result<Turn, LockError>
+    where
+        F: FnMut(SystemTime) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let (name, start) = (self.name, tick.start);
+        let length = Duration::from_millis(duration_ms(tick.gap()));
+        let run_max = self.opts.max_hold.unwrap_or(length);
+        // Held for as long as a run that starts at the tick's end may last: a claim that
+        // stopped renewing before the run ended would let a waiting instance run the tick
+        // again.
+        let claim_opts = LockOptions {
+            max_hold: Some(self.until(tick.end) + run_max + length),
+            // Every instance but one waits for the claim until the tick ends: expected.
+            busy_expected: true,
+            ..self.opts
+        };
+        // A stop while waiting for the claim: nothing ran, nothing to mark (the wait's own
+        // clean-up runs in the background, and shutdown waits for it).
+        let claimed = tokio::select! {
             biased;
-            () = lease.lost() => false,
-            () = job(scheduled) => {
-                lease.keep_after(keep());
-                true
+            () = self.stop.ending.cancelled() => return Ok(Turn::Halted),
+            c = self.claim_tick(tick, claim_opts) => c,
+        };
+        let (claim, late) = match claimed {
+            Ok(Claim::Ours { guard, late }) => (guard, late),
+            Ok(Claim::Elsewhere) => return Ok(Turn::Elsewhere),
+            Ok(Claim::Running) => return Ok(Turn::Running),
+            Ok(Claim::GivenUp) => return Ok(Turn::GivenUp),
+            Ok(Claim::TooLate) => return Ok(Turn::TooLate),
+            Err(LockError::Backend(e)) => {
+                // The tick is left to the others: named, so that one lost with it is not silent.
+                tracing::warn!(job = name, tick = start as u64, error = %e, "could not claim the tick");
+                crate::metrics::job_run(name, "failed");
+                return Ok(Turn::Failed);
             }
+            Err(e) => return Err(e),
+        };
+        if late {
+            tracing::warn!(
+                job = name,
+                tick = start as u64,
+                late_ms = duration_ms(self.now().saturating_sub(tick.end)),
+                "tick runs late here: the run that had it did not finish (its runner died or \
+                 was stopped, or its run could not start in time) and its claim came free"
+            );
         }
-    };
-    let turn = match locker.run(name, run_opts, body).await {
-        Ok(true) if late => Turn::Late,
-        Ok(true) => Turn::Ran,
-        Ok(false) => Turn::Lost,
-        Err(LockError::Timeout { .. }) => Turn::Overrun,
-        Err(LockError::Lost {
-            cause: LossCause::ShutDown,
-            ..
-        })
-        | Err(LockError::ShutDown) => Turn::Stopped,
-        Err(LockError::Lost {
-            cause: LossCause::MaxHold,
-            ..
-        }) => {
-            // It would be cut short on every instance alike: the tick counts as done.
-            lease.keep_after(keep());
-            Turn::MaxHold
-        }
-        Err(LockError::Lost { .. }) => Turn::Lost,
-        Err(LockError::Backend(e)) => {
-            tracing::warn!(job = name, tick = start as u64, error = %e, "could not lock the job");
-            Turn::Failed
-        }
-        Err(e) => return Err(e),
-    };
-    end_turn(name, claim, turn).await
+        // A late run may wait for the job's lock until the next tick ends (the dead runner's
+        // lease on it runs out, or the next tick's run ends first).
+        let run_until = if late { tick.next_end } else { tick.end };
+        let run_opts = self.opts.max_hold(run_max).wait(self.until(run_until));
+        let scheduled = UNIX_EPOCH + Duration::from_millis(duration_ms(start));
+        let keep = || {
+            tokio::time::Instant::now()
+                + self.until(tick.end)
+                + Duration::from_millis(duration_ms(tick.keep))
+        };
+        let lease = claim.lease().clone();
+        // The run also ends when the tick's claim is lost (forced unlock, eviction): another
+        // instance may be running the tick then. A finished job marks the tick done at once,
+        // so whatever releases the claim from then on (a shutdown racing the job lock's
+        // release) keeps it. `Stop::Now` cancels it unfinished: the claim is freed.
+        let body = async {
+            tokio::select! {
+                biased;
+                () = lease.lost() => Body::Lost,
+                () = self.stop.cancel_run.cancelled() => Body::Halted,
+                () = job(scheduled) => {
+                    lease.keep_after(keep());
+                    Body::Done
+                }
+            }
+        };
+        let turn = match self.locker.run(name, run_opts, body).await {
+            Ok(Body::Done) if late => Turn::Late,
+            Ok(Body::Done) => Turn::Ran,
+            Ok(Body::Lost) => Turn::Lost,
+            Ok(Body::Halted) => Turn::Halted,
+            Err(LockError::Timeout { .. }) => Turn::Overrun,
+            Err(LockError::Lost {
+                cause: LossCause::ShutDown,
+                ..
+            })
+            | Err(LockError::ShutDown) => Turn::Stopped,
+            Err(LockError::Lost {
+                cause: LossCause::MaxHold,
+                ..
+            }) => {
+                // It would be cut short on every instance alike: the tick counts as done.
+                lease.keep_after(keep());
+                Turn::MaxHold
+            }
+            Err(LockError::Lost { .. }) => Turn::Lost,
+            Err(LockError::Backend(e)) => {
+                tracing::warn!(job = name, tick = start as u64, error = %e, "could not lock the job");
+                Turn::Failed
+            }
+            Err(e) => return Err(e),
+        };
+        self.end_turn(claim, turn).await
+    }
 }
 
 /// What waiting for a tick's claim came to.
@@ -474,178 +570,166 @@ const MAX_CLAIM_ROUNDS: u32 = 64;
 /// the clock and round-trip noise between two looks.
 const RENEWED_BY: u128 = 20;
 
-/// Waits for the claim `key` of the tick starting at `start` until the tick ends, as every
-/// instance does. A claim still held then is looked at: the mark of a finished run (or a
-/// run going on past the tick's end) is another instance's tick; a run that has not finished
-/// may be a runner that died, whose lease runs out within its ttl: the claim is waited for
-/// again, each time until that lease would end, until the next tick ends.
-async fn claim_tick(
-    locker: &Locker,
-    key: &str,
-    start: u128,
-    tick_ms: u128,
-    opts: LockOptions,
-) -> Result<Claim, LockError> {
-    let end = start + tick_ms;
-    let give_up = end + tick_ms;
-    let mut until = end;
-    let mut late = false;
-    // When the holder's lease ends, as last seen (Unix ms): a later one means it renewed.
-    let mut expiry: Option<u128> = None;
-    // Until then a finished run's mark is still on the claim.
-    let mark_ends = marked_until(start, tick_ms);
-    for _ in 0..MAX_CLAIM_ROUNDS {
-        match locker.acquire(key, opts.wait(ms_until(until))).await {
-            // Taken after a finished run's mark may have expired (this process was stopped,
-            // or its clock lags by more than the mark is kept): whether the tick ran is not
-            // known any more, so it is not run here.
-            Ok(guard) if now_ms() >= mark_ends => {
-                let _ = guard.release().await;
-                return Ok(Claim::TooLate);
+impl Job<'_> {
+    /// Waits for the claim of `tick` until the tick ends, as every
+    /// instance does. A claim still held then is looked at: the mark of a finished run (or a
+    /// run going on past the tick's end) is another instance's tick; a run that has not finished
+    /// may be a runner that died, whose lease runs out within its ttl: the claim is waited for
+    /// again, each time until that lease would end, until the next tick ends.
+    async fn claim_tick(&self, tick: Tick, opts: LockOptions) -> Result<Claim, LockError> {
+        let (locker, key) = (self.locker, &self.claim_key(tick.slot));
+        let give_up = tick.next_end;
+        let mut until = tick.end;
+        let mut late = false;
+        // When the holder's lease ends, as last seen (Unix ms): a later one means it renewed.
+        let mut expiry: Option<u128> = None;
+        // Until then a finished run's mark is still on the claim.
+        let mark_ends = tick.marked_until();
+        for _ in 0..MAX_CLAIM_ROUNDS {
+            match locker.acquire(key, opts.wait(self.until(until))).await {
+                // Taken after a finished run's mark may have expired (this process was stopped,
+                // or its clock lags by more than the mark is kept): whether the tick ran is not
+                // known any more, so it is not run here.
+                Ok(guard) if self.now() >= mark_ends => {
+                    let _ = guard.release().await;
+                    return Ok(Claim::TooLate);
+                }
+                Ok(guard) => return Ok(Claim::Ours { guard, late }),
+                Err(LockError::Timeout { .. }) => {}
+                Err(e) => return Err(e),
             }
-            Ok(guard) => return Ok(Claim::Ours { guard, late }),
-            Err(LockError::Timeout { .. }) => {}
+            late = true;
+            let now = self.now();
+            match locker.lock_info(key).await? {
+                // Freed just now (a run that did not finish): ask again at once.
+                None if now < give_up => until = now,
+                Some(info) if info.released => {
+                    // The mark of a run of this tick that finished; the mark of an older tick of
+                    // this slot (a clock far ahead) is waited out.
+                    if self.marks(&info, tick) || now >= give_up {
+                        return Ok(Claim::Elsewhere);
+                    }
+                    until = give_up.min(now + info.remaining.unwrap_or_default().as_millis() + 1);
+                }
+                Some(info) => {
+                    // Held by a run that has not finished. Renewed since the last look: its
+                    // runner lives and finishes the tick. Otherwise wait until its lease ends.
+                    let ends = now + info.remaining.map_or(tick.gap(), |r| r.as_millis());
+                    if expiry.is_some_and(|e| ends > e + RENEWED_BY) {
+                        return Ok(Claim::Running);
+                    }
+                    if now >= give_up {
+                        return Ok(Claim::GivenUp);
+                    }
+                    expiry = Some(ends);
+                    until = give_up.min(ends + 1);
+                }
+                None => return Ok(Claim::GivenUp),
+            }
+        }
+        Ok(Claim::GivenUp)
+    }
+
+    /// Releases the tick's claim. A tick marked done (its job finished, or reached `max_hold`)
+    /// keeps the claim taken on the server past the tick's end (and a lagging clock's), whatever
+    /// happens to this process now. Any other claim is freed, so an instance still waiting for the
+    /// tick runs it.
+    async fn end_turn(
+        &self,
+        claim: crate::guard::LockGuard,
+        turn: Turn,
+    ) -> Result<Turn, LockError> {
+        let name = self.name;
+        if let Some(outcome) = turn.outcome() {
+            crate::metrics::job_run(name, outcome);
+        }
+        if matches!(turn, Turn::Ran | Turn::Late) {
+            crate::metrics::job_succeeded(name, self.now());
+        }
+        match claim.release().await {
+            Ok(()) | Err(LockError::Lost { .. }) | Err(LockError::ShutDown) => {}
+            Err(LockError::Backend(e)) => {
+                tracing::warn!(job = name, error = %e, "claim of the tick not released; its lease ends it");
+            }
             Err(e) => return Err(e),
         }
-        late = true;
-        let now = now_ms();
-        match locker.lock_info(key).await? {
-            // Freed just now (a run that did not finish): ask again at once.
-            None if now < give_up => until = now,
-            Some(info) if info.released => {
-                // The mark of a run of this tick that finished; the mark of an older tick of
-                // this slot (a clock far ahead) is waited out.
-                if marks(&info, start, tick_ms) || now >= give_up {
-                    return Ok(Claim::Elsewhere);
-                }
-                until = give_up.min(now + info.remaining.unwrap_or_default().as_millis() + 1);
-            }
-            Some(info) => {
-                // Held by a run that has not finished. Renewed since the last look: its
-                // runner lives and finishes the tick. Otherwise wait until its lease ends.
-                let ends = now + info.remaining.map_or(tick_ms, |r| r.as_millis());
-                if expiry.is_some_and(|e| ends > e + RENEWED_BY) {
-                    return Ok(Claim::Running);
-                }
-                if now >= give_up {
-                    return Ok(Claim::GivenUp);
-                }
-                expiry = Some(ends);
-                until = give_up.min(ends + 1);
-            }
-            None => return Ok(Claim::GivenUp),
+        if turn == Turn::Stopped {
+            return Err(LockError::ShutDown);
         }
+        Ok(turn)
     }
-    Ok(Claim::GivenUp)
-}
 
-/// Releases the tick's claim. A tick marked done (its job finished, or reached `max_hold`)
-/// keeps the claim taken on the server past the tick's end (and a lagging clock's), whatever
-/// happens to this process now. Any other claim is freed, so an instance still waiting for the
-/// tick runs it.
-async fn end_turn(
-    name: &str,
-    claim: crate::guard::LockGuard,
-    turn: Turn,
-) -> Result<Turn, LockError> {
-    match claim.release().await {
-        Ok(()) | Err(LockError::Lost { .. }) | Err(LockError::ShutDown) => {}
-        Err(LockError::Backend(e)) => {
-            tracing::warn!(job = name, error = %e, "claim of the tick not released; its lease ends it");
-        }
-        Err(e) => return Err(e),
-    }
-    if turn == Turn::Stopped {
-        return Err(LockError::ShutDown);
-    }
-    Ok(turn)
-}
-
-fn log_turn(name: &str, start: u128, turn: Turn) {
-    let tick = start as u64;
-    match turn {
-        Turn::Ran => tracing::debug!(job = name, tick, "job ran"),
-        Turn::Elsewhere => tracing::trace!(job = name, tick, "job ran on another instance"),
-        Turn::Running => tracing::trace!(job = name, tick, "job runs on another instance"),
-        Turn::Overrun => tracing::warn!(
-            job = name,
-            tick,
-            "tick skipped: the previous run still held the job when the tick ended; raise the \
-             tick or bound the job with max_hold"
-        ),
-        // The loss itself was logged at WARN where it was found.
-        Turn::Lost => tracing::info!(job = name, tick, "job cancelled: its lock was lost"),
-        Turn::MaxHold => tracing::warn!(
-            job = name,
-            tick,
-            "job cancelled at max_hold; the tick counts as done (raise max_hold)"
-        ),
-        Turn::Late => tracing::warn!(job = name, tick, "job ran late (its runner died)"),
-        Turn::GivenUp => {
-            crate::metrics::tick_given_up();
-            tracing::warn!(
+    fn log_turn(&self, tick: Tick, turn: Turn) {
+        let (name, tick) = (self.name, tick.start as u64);
+        match turn {
+            Turn::Ran => tracing::debug!(job = name, tick, "job ran"),
+            Turn::Elsewhere => tracing::trace!(job = name, tick, "job ran on another instance"),
+            Turn::Running => tracing::trace!(job = name, tick, "job runs on another instance"),
+            Turn::Overrun => tracing::warn!(
                 job = name,
                 tick,
-                "tick given up: its claim was still held by a run that did not finish when the \
+                "tick skipped: the previous run still held the job when the tick ended; raise the \
+             tick or bound the job with max_hold"
+            ),
+            // The loss itself was logged at WARN where it was found.
+            Turn::Lost => tracing::info!(job = name, tick, "job cancelled: its lock was lost"),
+            Turn::MaxHold => tracing::warn!(
+                job = name,
+                tick,
+                "job cancelled at max_hold; the tick counts as done (raise max_hold)"
+            ),
+            Turn::Late => tracing::warn!(job = name, tick, "job ran late (its runner died)"),
+            Turn::GivenUp => {
+                crate::metrics::tick_given_up(name);
+                tracing::warn!(
+                    job = name,
+                    tick,
+                    "tick given up: its claim was still held by a run that did not finish when the \
                  next tick ended (a runner that died with a ttl longer than the tick, or a run \
                  overrunning); pick ttl well below the tick"
-            );
-        }
-        Turn::RunByNobody => {
-            crate::metrics::tick_given_up();
-            tracing::warn!(
-                job = name,
-                tick,
-                "tick run by no instance: no run of it finished and none may start any more (its \
+                );
+            }
+            Turn::RunByNobody => {
+                crate::metrics::tick_given_up(name);
+                tracing::warn!(
+                    job = name,
+                    tick,
+                    "tick run by no instance: no run of it finished and none may start any more (its \
                  run was cut short or failed, its runner died, or this one was busy with an \
                  earlier tick)"
-            );
-        }
-        Turn::TooLate => tracing::warn!(
-            job = name,
-            tick,
-            "tick not run here: claimed only after a finished run's mark would have expired \
+                );
+            }
+            Turn::TooLate => tracing::warn!(
+                job = name,
+                tick,
+                "tick not run here: claimed only after a finished run's mark would have expired \
              (this process was stopped, or its clock lags by more than a tick and a second)"
-        ),
-        Turn::Failed | Turn::Stopped => {}
+            ),
+            Turn::Halted => tracing::debug!(job = name, tick, "job stopped by its handle"),
+            Turn::Failed | Turn::Stopped => {}
+        }
     }
 }
 
-/// Until when (Unix ms) a finished run of the tick starting at `tick` keeps its mark on the
-/// tick's claim: past its end by a tick, at least [`KEEP_PAST_END`].
-fn marked_until(tick: u128, tick_ms: u128) -> u128 {
-    tick + tick_ms + tick_ms.max(KEEP_PAST_END.as_millis())
-}
-
-/// The first tick start at or after `now` (both Unix ms): the first tick [`every`] claims.
-fn next_tick(now: u128, tick_ms: u128) -> u128 {
-    now.div_ceil(tick_ms) * tick_ms
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
+impl Turn {
+    /// The run's outcome as `lockrt_job_runs_total` labels it; `None` where this instance
+    /// did not try to run the tick.
+    fn outcome(self) -> Option<&'static str> {
+        Some(match self {
+            Turn::Ran => "ran",
+            Turn::Late => "late",
+            Turn::Lost => "lost",
+            Turn::MaxHold => "max_hold",
+            Turn::Failed => "failed",
+            Turn::Overrun => "overran",
+            Turn::Stopped | Turn::Halted => "stopped",
+            _ => return None,
+        })
+    }
 }
 
 fn duration_ms(ms: u128) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX)
-}
-
-/// From now until `at` (Unix ms), zero if past.
-fn ms_until(at: u128) -> Duration {
-    Duration::from_millis(duration_ms(at.saturating_sub(now_ms())))
-}
-
-/// Sleeps until the wall clock reads `at` (Unix ms).
-async fn sleep_until_ms(at: u128) {
-    for _ in 0..MAX_SLEEPS_PER_TICK {
-        let left = ms_until(at);
-        if left.is_zero() {
-            return;
-        }
-        tokio::time::sleep(left).await;
-    }
 }
 
 #[cfg(test)]
@@ -653,27 +737,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn claim_slots_depend_on_the_tick_alone_and_outlive_every_accepted_claim() {
+    fn claim_slots_depend_on_the_schedule_alone_and_outlive_every_accepted_claim() {
+        let slots = |ms| Schedule::every(Duration::from_millis(ms)).slots();
         assert_eq!(slots(1_000), 64 + 600 + 2);
         assert_eq!(slots(60_000), 64 + 10 + 2);
         assert_eq!(slots(10), 64 + 60_000 + 2);
         // The default ttl (30 s) with max_hold of a tick fits every tick.
         for tick in [10, 250, 1_000, 60_000, 3_600_000] {
-            let life = claim_life(
-                tick,
-                Duration::from_secs(30),
-                Duration::from_millis(tick as u64),
-            );
-            assert!(life <= (slots(tick) - 2) * tick, "tick {tick} ms");
+            let life = claim_life(tick, 30_000, tick);
+            let s = Schedule::every(Duration::from_millis(tick as u64));
+            assert!(life <= s.slot_life(), "tick {tick} ms");
         }
-    }
-
-    #[test]
-    fn ticks_start_at_multiples_of_the_tick() {
-        assert_eq!(next_tick(0, 1000), 0);
-        assert_eq!(next_tick(1, 1000), 1000);
-        assert_eq!(next_tick(1000, 1000), 1000);
-        assert_eq!(next_tick(1_700_000_000_123, 60_000), 1_700_000_040_000);
+        // And every cron schedule's longest tick.
+        for (expr, zone) in [
+            ("* * * * * *", "UTC"),
+            ("* * * * * *", "Europe/Paris"),
+            ("0 2 * * *", "Europe/Paris"),
+            ("0 9-17 * * MON-FRI", "America/New_York"),
+            ("0 0 29 2 *", "UTC"),
+        ] {
+            let s = Schedule::cron(expr, zone).unwrap();
+            let longest = s.longest_ms();
+            assert!(claim_life(longest, 30_000, longest) <= s.slot_life(), "{s}");
+        }
     }
 
     #[tokio::test]
@@ -698,6 +784,11 @@ mod tests {
             let res = every(&locker, "job", tick, opts, job).await;
             assert!(matches!(res, Err(LockError::Config(_))), "{res:?}");
         }
+        // A cron schedule's claims must fit its slots too: two of its longest gaps + 10 min.
+        let daily = Schedule::cron("0 2 * * *", "UTC").unwrap();
+        let too_long = LockOptions::new().max_hold(Duration::from_secs(3 * 86_400));
+        let res = every(&locker, "job", daily, too_long, job).await;
+        assert!(matches!(res, Err(LockError::Config(_))), "{res:?}");
         let res = every(&locker, "", ms(100), LockOptions::new(), job).await;
         assert!(matches!(res, Err(LockError::InvalidKey { .. })), "{res:?}");
     }

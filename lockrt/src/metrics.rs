@@ -2,7 +2,8 @@
 //! exporter (Prometheus, OpenTelemetry, ...). Without the feature every function here is an
 //! empty inline fn. Names (label `cause` has five values, `kind` three: `exclusive`, `read`,
 //! `permits`; `site` is the lock site's name, [`LockOptions::site`](crate::LockOptions::site),
-//! from a fixed set; lock keys are never labels, they would make unbounded label values):
+//! from a fixed set; `job` one per job name of [`every`](crate::every); lock keys are never
+//! labels, they would make unbounded label values):
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
@@ -20,14 +21,16 @@
 //! | `lockrt_local_handoffs_total` | counter | locks passed to the next holder inside the process (`LockerBuilder::local_handoff`) |
 //! | `lockrt_held` | gauge | locks held now, by `kind` |
 //! | `lockrt_waiting` | gauge | callers waiting for a busy lock now |
-//! | `lockrt_job_ticks_given_up_total` | counter | ticks of [`every`](crate::every) this instance found run by nobody: the claim still held by a run that did not finish (a runner that died with a lease longer than the tick, or one overrunning) when the next tick ended, or a tick skipped here while busy (a late or overrunning run) that no other instance took |
+//! | `lockrt_job_ticks_given_up_total` | counter | ticks of [`every`](crate::every) this instance found run by nobody, by `job`: the claim still held by a run that did not finish (a runner that died with a lease longer than the tick, or one overrunning) when the next tick ended, or a tick skipped here while busy (a late or overrunning run) that no other instance took |
+//! | `lockrt_job_runs_total` | counter | runs of a job on this instance, by `job` and `outcome`: `ran`, `late` (a take-over after the tick's end), `lost`, `max_hold`, `failed` (the lock server), `overran` (skipped: the previous run held the job), `stopped` (shutdown, `Stop::Now`) |
+//! | `lockrt_job_last_success_seconds` | gauge | when a run of `job` last finished on this instance (`ran` or `late`), Unix seconds |
 
 use std::time::Duration;
 
 use crate::options::LockKind;
 
 /// What each metric is, as an exporter shows it (Prometheus's `# HELP`): the table above.
-const HELP: [(&str, Shape, &str); 15] = [
+const HELP: [(&str, Shape, &str); 17] = [
     (
         "lockrt_acquired_total",
         Shape::Counter,
@@ -97,7 +100,17 @@ const HELP: [(&str, Shape, &str); 15] = [
     (
         "lockrt_job_ticks_given_up_total",
         Shape::Counter,
-        "Ticks of every() this instance found run by nobody.",
+        "Ticks of every() this instance found run by nobody, by job.",
+    ),
+    (
+        "lockrt_job_runs_total",
+        Shape::Counter,
+        "Runs of every() jobs on this instance, by job and outcome.",
+    ),
+    (
+        "lockrt_job_last_success_seconds",
+        Shape::Time,
+        "When a run of the job last finished on this instance (Unix seconds), by job.",
     ),
 ];
 
@@ -108,6 +121,8 @@ enum Shape {
     Counter,
     Gauge,
     Seconds,
+    /// A gauge holding a time (Unix seconds).
+    Time,
 }
 
 /// Describes every metric to the recorder now installed (the global one, or a thread's):
@@ -130,6 +145,7 @@ mod imp {
                 Shape::Seconds => {
                     metrics::describe_histogram!(name, metrics::Unit::Seconds, help)
                 }
+                Shape::Time => metrics::describe_gauge!(name, metrics::Unit::Seconds, help),
             }
         }
     }
@@ -180,6 +196,19 @@ mod imp {
     pub(crate) fn waiting(delta: f64) {
         metrics::gauge!("lockrt_waiting").increment(delta);
     }
+
+    pub(crate) fn job_count(name: &'static str, job: &str) {
+        metrics::counter!(name, "job" => job.to_owned()).increment(1);
+    }
+
+    pub(crate) fn job_run(job: &str, outcome: &'static str) {
+        metrics::counter!("lockrt_job_runs_total", "job" => job.to_owned(), "outcome" => outcome)
+            .increment(1);
+    }
+
+    pub(crate) fn job_succeeded(job: &str, at_secs: f64) {
+        metrics::gauge!("lockrt_job_last_success_seconds", "job" => job.to_owned()).set(at_secs);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -212,6 +241,12 @@ mod imp {
     pub(crate) fn renewal_failed(_: usize) {}
     #[inline]
     pub(crate) fn waiting(_: f64) {}
+    #[inline]
+    pub(crate) fn job_count(_: &'static str, _: &str) {}
+    #[inline]
+    pub(crate) fn job_run(_: &str, _: &'static str) {}
+    #[inline]
+    pub(crate) fn job_succeeded(_: &str, _: f64) {}
 }
 
 /// A lock of `kind` taken at `site` after waiting `waited`.
@@ -269,10 +304,22 @@ pub(crate) fn renewal_failed(leases: usize) {
     imp::renewal_failed(leases);
 }
 
-/// A tick of `every` that no instance ran: its claim was still held by a run that did not
-/// finish when the next tick ended.
-pub(crate) fn tick_given_up() {
-    imp::count("lockrt_job_ticks_given_up_total");
+// Jobs of `every`, labelled with the job's name (a fixed set per service).
+
+/// A tick of job `job` that no instance ran: its claim was still held by a run that did not
+/// finish when the next tick ended, or nobody took a tick this instance skipped.
+pub(crate) fn tick_given_up(job: &str) {
+    imp::job_count("lockrt_job_ticks_given_up_total", job);
+}
+
+/// A run of job `job` here ended with `outcome`.
+pub(crate) fn job_run(job: &str, outcome: &'static str) {
+    imp::job_run(job, outcome);
+}
+
+/// A run of job `job` finished at `at_ms` (Unix ms).
+pub(crate) fn job_succeeded(job: &str, at_ms: u128) {
+    imp::job_succeeded(job, at_ms as f64 / 1000.0);
 }
 
 /// A caller started (`+1.0`) or stopped (`-1.0`) waiting.

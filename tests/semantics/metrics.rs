@@ -144,7 +144,7 @@ fn counters_histograms_and_gauges_follow_the_locks() {
 }
 
 /// What one `DebuggingRecorder` snapshot holds.
-type Snapshot = Vec<(
+pub(crate) type Snapshot = Vec<(
     metrics_util::CompositeKey,
     Option<metrics::Unit>,
     Option<metrics::SharedString>,

@@ -51,3 +51,23 @@ pub fn skew_clock(offset_ms: i64) {
     let us = offset_ms.saturating_mul(1_000);
     crate::backend::redis::CLOCK_OFFSET_US.store(us, std::sync::atomic::Ordering::Relaxed);
 }
+
+/// `schedule` on a wall clock `offset_ms` ahead of the system's (negative: behind), for
+/// tests of [`every`](crate::every) and [`spawn_every`](crate::spawn_every) at a time that
+/// is not now: a daylight-saving change, a month's end. Only that job reads the shifted clock:
+/// its ticks, its waits, the tick it gives the job, its metrics; the lock server's clock and
+/// every other job keep theirs. Give every instance of a test the same offset.
+///
+/// ```
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
+/// // Five seconds before Paris moves its clocks forward (2027-03-28T01:00:00Z).
+/// let at = UNIX_EPOCH + Duration::from_secs(1_806_195_595);
+/// let offset = at.duration_since(SystemTime::now()).unwrap().as_millis() as i64;
+/// let each_second = lockrt::Schedule::cron("* * * * * *", "Europe/Paris")?;
+/// let shifted = lockrt::testing::shift_job_clock(each_second, offset);
+/// # let _ = shifted; Ok::<(), lockrt::LockError>(())
+/// ```
+pub fn shift_job_clock(mut schedule: crate::Schedule, offset_ms: i64) -> crate::Schedule {
+    schedule.offset_ms = offset_ms;
+    schedule
+}
