@@ -88,10 +88,10 @@ async fn read_to_end(r: &mut (impl AsyncRead + Unpin)) -> Vec<u8> {
 
 /// An HTTP answer: status, headers (names lowercased), body as JSON.
 #[derive(Debug)]
-struct Reply {
-    status: u16,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
-    body: Value,
+    pub(crate) body: Value,
 }
 
 impl Reply {
@@ -111,7 +111,7 @@ fn request_bytes(method: &str, path: &str) -> Vec<u8> {
 }
 
 /// One request on a fresh connection; `Connection: close`, so the answer ends at EOF.
-async fn http(addr: SocketAddr, method: &str, path: &str) -> Reply {
+pub(crate) async fn http(addr: SocketAddr, method: &str, path: &str) -> Reply {
     let mut conn = tokio::time::timeout(LIMIT, TcpStream::connect(addr))
         .await
         .unwrap_or_else(|_| panic!("{method} {path}: no connection within {LIMIT:?}"))

@@ -9,6 +9,7 @@ mod support;
 
 mod examples_cli;
 mod examples_scheduled_job;
+mod examples_service;
 mod examples_web_stock;
 mod faults_network;
 mod faults_proxy;
