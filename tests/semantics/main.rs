@@ -29,6 +29,7 @@ mod multi_key;
 mod mutual_exclusion;
 mod outage;
 mod ownership;
+mod readme;
 mod reentrancy;
 mod renewal_hedge;
 mod rw_lock;

@@ -620,3 +620,31 @@ fn metrics_carry_the_lock_site_not_the_key() {
     }
     assert!(by_site[site].iter().any(|n| n == "lockrt_hold_seconds"));
 }
+
+/// The alert rules of `examples/prometheus-alerts.yml` name only metrics and labels the
+/// README's metrics table documents (each one recorded and described, as the tests above check).
+#[test]
+fn the_alert_rules_name_only_documented_metrics() {
+    let rules = include_str!("../../examples/prometheus-alerts.yml");
+    let readme = include_str!("../../README.md");
+    let documented = |name: &str| readme.contains(&format!("| `{name}` |"));
+    let mut named = Vec::new();
+    for (at, _) in rules.match_indices("lockrt_") {
+        let name: String = rules[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        named.push(name);
+    }
+    named.sort();
+    named.dedup();
+    assert!(named.len() >= 6, "{named:?}");
+    let unknown: Vec<_> = named.iter().filter(|n| !documented(n)).collect();
+    assert!(
+        unknown.is_empty(),
+        "not in the README's metrics table: {unknown:?}"
+    );
+    for label in ["site", "cause", "job", "outcome"] {
+        assert!(readme.contains(&format!("`{label}`")), "label {label}");
+    }
+}
