@@ -158,10 +158,41 @@ where
         locker,
         name,
         schedule: &schedule,
-        opts,
+        opts: job_opts(name, opts),
         stop: &stop,
     };
     j.run(job).await
+}
+
+/// What a job's claims and runs use besides the caller's options: they keep trying an
+/// unreachable server within the tick (a Redis back in time still runs it), and their metrics
+/// carry the job's name as their site, unless the caller named one.
+pub(super) fn job_opts(name: &str, mut opts: LockOptions) -> LockOptions {
+    opts.retry_unreachable = true;
+    if opts.site.is_none() {
+        opts.site = Some(site_of(name));
+    }
+    opts
+}
+
+/// Most job names kept as metrics sites; more get [`OTHER_JOBS`].
+const MAX_JOB_SITES: usize = 256;
+const OTHER_JOBS: &str = "other jobs";
+
+/// `name` as a `'static` site label: kept once per distinct job name (a process has a few),
+/// bounded so that names made up at run time can't grow it without end.
+fn site_of(name: &str) -> &'static str {
+    static SITES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut sites = SITES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = sites.iter().find(|s| **s == name) {
+        return s;
+    }
+    if sites.len() >= MAX_JOB_SITES {
+        return OTHER_JOBS;
+    }
+    let s: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    sites.push(s);
+    s
 }
 
 /// One job's settings, as every step of [`every`] reads them.
@@ -735,6 +766,17 @@ fn duration_ms(ms: u128) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_locks_keep_trying_and_carry_the_jobs_name_as_their_site() {
+        let opts = job_opts("job:report", LockOptions::new());
+        assert!(opts.retry_unreachable);
+        assert_eq!(opts.site, Some("job:report"));
+        let named = job_opts("job:report", LockOptions::new().site("reports"));
+        assert_eq!(named.site, Some("reports"));
+        // One name is kept once.
+        assert!(std::ptr::eq(site_of("job:x"), site_of("job:x")));
+    }
 
     #[test]
     fn claim_slots_depend_on_the_schedule_alone_and_outlive_every_accepted_claim() {

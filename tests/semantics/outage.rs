@@ -170,3 +170,43 @@ async fn a_lazy_locker_refuses_an_evicting_server_on_its_first_connection() {
         .unwrap();
     assert!(keys.is_empty(), "a refused server was written to: {keys:?}");
 }
+
+/// A job's claim keeps trying an unreachable server within its tick: Redis down when a tick
+/// starts and back (without its data) a few hundred ms later still runs that tick, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_its_tick_when_redis_is_back_within_it() {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let mut server = RedisServer::start().unwrap();
+    let locker = Locker::connect(&server.url()).await.unwrap();
+    let (tx, mut ran) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let tick = ms(2_000);
+    let opts = opts().ttl(ms(500));
+    let job = lockrt::spawn_every(&locker, "job:outage", tick, opts, move |t| {
+        let tx = tx.clone();
+        async move {
+            let t = t.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+            let _ = tx.send(t);
+        }
+    })
+    .unwrap();
+    let first = tokio::time::timeout(ms(5_000), ran.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    server.kill();
+    // The next tick starts while the server is down; it is back 300 ms into that tick.
+    let next = first + 2_000;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    tokio::time::sleep(ms((next + 300).saturating_sub(now))).await;
+    server.restart().unwrap();
+    let got = tokio::time::timeout(ms(3_000), ran.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, next, "the tick whose start found the server down");
+    job.stop(lockrt::Stop::Now).await.unwrap();
+    locker.shutdown().await;
+}

@@ -144,7 +144,7 @@ where
                 locker: &locker,
                 name: &name,
                 schedule: &schedule,
-                opts,
+                opts: super::job_opts(&name, opts),
                 stop: &stop,
             };
             j.run(job).await
