@@ -386,6 +386,16 @@ impl<'a> Acquisition<'a> {
         seen: &mut Seen,
     ) -> Result<Option<Taken>, LockError> {
         let mut backoff = self.backoff();
+        // Waiting for an unreachable server (`retry_unreachable`): a try per 200 ms at most,
+        // until the wait ends; with `wait_forever`, until the server answers.
+        let mut down = Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(200),
+            u32::MAX,
+        );
+        if let Some(end) = self.retry_end {
+            down = down.until(end);
+        }
         let mut late = 0;
         let mut pruning = 0;
         // A try whose outcome is unknown may still land later (held up in the network).
@@ -427,13 +437,16 @@ impl<'a> Acquisition<'a> {
                     pending.armed = self.queue.is_some() || uncertain;
                     return Err(kind_conflict(&self.key, found));
                 }
-                // Nothing was sent: fails at once unless the caller would rather wait, and
-                // leaves to clean up only what earlier tries may have left.
-                Err(e) if e.is_unreachable() && !self.terms.retry_unreachable => {
+                // This try was not sent: it fails the call at once unless the caller would
+                // rather wait for the server (then until its wait ends, as for a busy lock),
+                // and leaves to clean up only what earlier tries may have left.
+                Err(e) if e.is_unreachable() => {
                     pending.armed = armed_before || uncertain;
-                    return Err(self.failed(e));
+                    if !(self.terms.retry_unreachable && down.retry(&e).await) {
+                        return Err(self.failed(e));
+                    }
                 }
-                Err(e) if backoff.retry(&e).await => uncertain |= !e.is_unreachable(),
+                Err(e) if backoff.retry(&e).await => uncertain = true,
                 Err(e) => return Err(self.failed(e)),
             }
         }

@@ -82,6 +82,23 @@ async fn a_refused_connection_fails_the_call_at_once_not_after_its_wait() {
     eprintln!("refused, retry_unreachable: failed after {patient:?}");
     assert!(err.is_backend(), "{err:?}");
     assert!(patient >= ms(1_000), "gave up after {patient:?}");
+
+    // Waiting for ever for the server, it gets the lock once the server is back.
+    let waiter = {
+        let locker = locker.clone();
+        let opts = opts().wait_forever().retry_unreachable(true);
+        tokio::spawn(async move { locker.acquire("back", opts).await })
+    };
+    tokio::time::sleep(ms(1_500)).await; // the outage, longer than the old retries
+    server.restart().unwrap();
+    let g = tokio::time::timeout(ms(5_000), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    g.expect("the lock once the server is back")
+        .release()
+        .await
+        .unwrap();
 }
 
 /// The server stops answering (a partition: connections accepted, nothing forwarded): a

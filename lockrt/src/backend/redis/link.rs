@@ -186,6 +186,9 @@ impl Link {
                             .with_hint("check that the Sentinels are running and reachable"),
                     ),
                 })?;
+            // A Sentinel answered: an outage of the Sentinels ends here (the master's
+            // connection may have stayed open all along).
+            self.outage.connected(&self.addr);
         }
         let conn = match self.current() {
             Some(c) => c,
@@ -258,8 +261,12 @@ impl Link {
         })?
         .map_err(|e| match self.error(&e) {
             e if e.is_transient() => self.unreachable(e),
-            // TLS, credentials, a refused `AUTH`: not an outage, and said each time.
-            e => e,
+            // TLS, credentials, a refused `AUTH`: not an outage, and said each time (but
+            // not tried again by every call of the next moment).
+            e => {
+                self.outage.refused(&e);
+                e
+            }
         })?;
         self.outage.connected(&self.addr);
         Ok(self.install(conn, epoch))
@@ -298,6 +305,25 @@ impl Link {
         if needs_new_connection(e) {
             self.discard(generation);
         }
+    }
+
+    /// The error of a request that failed with `e`. On a Cluster, whose connection lives on
+    /// while its nodes are gone, one that reached no node is an outage like a refused connect.
+    pub(crate) fn request_error(&self, e: &RedisError) -> BackendError {
+        let err = self.error(e);
+        let no_node = e.kind() == redis::ErrorKind::ClusterConnectionNotFound;
+        if self.connector.is_cluster()
+            && err.is_transient()
+            && (no_node || e.is_connection_refusal())
+        {
+            return self.unreachable(err);
+        }
+        err
+    }
+
+    /// A request was answered: an outage, if one was under way, is over.
+    pub(crate) fn served(&self) {
+        self.outage.served(&self.addr);
     }
 
     /// A scrubbed error naming cause and fix, transient or not as redis-rs's own

@@ -6,6 +6,7 @@
 //! and every request waited for a connect of its own in turn.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,7 +21,11 @@ pub(crate) const REPORT_EVERY: Duration = Duration::from_secs(5);
 pub(crate) const CONNECT_SPACING: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
-pub(crate) struct Outage(Mutex<State>);
+pub(crate) struct Outage {
+    state: Mutex<State>,
+    /// Whether an outage is under way: what a request that succeeded reads, without the lock.
+    down: AtomicBool,
+}
 
 #[derive(Default)]
 struct State {
@@ -38,7 +43,7 @@ struct State {
 impl Outage {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // Counters only: a panic elsewhere can't leave them torn in a way that matters.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The error of a connect that ended after `asked` (the caller waited for it) or within
@@ -53,11 +58,25 @@ impl Outage {
         Some(e)
     }
 
+    /// A connect that failed with an error that is no outage (a refused password): kept
+    /// only to answer the calls of the next [`CONNECT_SPACING`].
+    pub(crate) fn refused(&self, e: &BackendError) {
+        self.state().latest = Some((Instant::now(), e.clone()));
+    }
+
+    /// A request succeeded: the end of an outage, if one was under way.
+    pub(crate) fn served(&self, addr: &str) {
+        if self.down.load(Ordering::Acquire) {
+            self.connected(addr);
+        }
+    }
+
     /// A connect failed with `e`.
     pub(crate) fn failed(&self, e: &BackendError) {
         let mut st = self.state();
         let now = Instant::now();
         st.latest = Some((now, e.clone()));
+        self.down.store(true, Ordering::Release);
         if st.since.is_none() {
             st.since = Some(now);
             st.total = 0;
@@ -79,6 +98,7 @@ impl Outage {
     pub(crate) fn connected(&self, addr: &str) {
         let mut st = self.state();
         st.latest = None;
+        self.down.store(false, Ordering::Release);
         let Some(since) = st.since.take() else {
             return;
         };

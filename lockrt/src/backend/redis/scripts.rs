@@ -233,9 +233,10 @@ impl Scripts {
             Ok(r) => r,
             Err(e) => {
                 self.link.after_failure(generation, &e);
-                return Err(self.link.error(&e));
+                return Err(self.link.request_error(&e));
             }
         };
+        self.link.served();
         let acks = if sync.is_some() { reply.pop() } else { None };
         let Value::Array(mut reply) = reply.pop().unwrap_or(Value::Nil) else {
             self.link.discard(generation);
