@@ -1,5 +1,5 @@
-//! A job that must run once per tick across a fleet: every instance calls `lockrt::every` with
-//! the same name, the ticks follow the wall clock, and exactly one instance runs each tick.
+//! A job that must run once per tick across a fleet: every instance calls `lockrt::spawn_every`
+//! with the same name, the ticks follow the wall clock, and exactly one instance runs each tick.
 //!
 //! ```sh
 //! cargo run --example scheduled_job -- --tick-ms 2000     # start it in two or three shells
@@ -15,7 +15,8 @@
 //!
 //! Kill the instance that is running (the `start` line without its `end`) and another takes the
 //! tick over once the lease (`--ttl-ms`) runs out. Ctrl-C (or SIGTERM) stops an instance
-//! gracefully: `locker.shutdown()`, after which `every` returns and `stopped` is printed.
+//! gracefully: the job's handle stops it (`JobHandle::stop`), then `locker.shutdown()`, and
+//! `stopped` is printed.
 //!
 //! Flags: `--tick-ms N` (default 2000), `--work-ms N` (the job's duration, default 100),
 //! `--ttl-ms N` (the lease, default 1000: a dead instance's tick is taken over after it).
@@ -27,7 +28,7 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockrt::{LockOptions, LockerBuilder};
+use lockrt::{LockOptions, LockerBuilder, Stop};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use tokio::signal::unix::{SignalKind, signal};
@@ -105,24 +106,22 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn Error>> {
         .get_connection_manager()
         .await?;
 
-    // Stop on Ctrl-C or SIGTERM: shutdown() makes `every` return once the run under way ends
-    // (or is cancelled: shutdown ends the locks it holds).
-    let stopper = locker.clone();
-    let mut term = signal(SignalKind::terminate())?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        stopper.shutdown().await;
-    });
+    let opts = LockOptions::new().ttl(cfg.ttl);
+    let job = lockrt::spawn_every(&locker, "job:report", cfg.tick, opts, move |tick| {
+        report(store.clone(), tick, cfg.work)
+    })?;
     println!("ready pid={}", std::process::id());
 
-    let opts = LockOptions::new().ttl(cfg.ttl);
-    lockrt::every(&locker, "job:report", cfg.tick, opts, |tick| {
-        report(store.clone(), tick, cfg.work)
-    })
-    .await?;
+    // Stop on Ctrl-C or SIGTERM: the job first (a service would stop its jobs, then drain
+    // HTTP), then the locker. `Stop::Now` cancels a run under way, so another instance runs
+    // its tick; `Stop::AfterRun` would let it finish here.
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    job.stop(Stop::Now).await?;
+    locker.shutdown().await;
     println!("stopped pid={}", std::process::id());
     Ok(())
 }

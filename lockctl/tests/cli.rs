@@ -354,3 +354,65 @@ async fn readers_and_permits_are_listed_and_shown() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// `lockctl jobs`: each `every` job with a claim, its run going on or its latest finished run,
+/// by whom; `list` leaves a finished tick's claim out, `list --released` shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_show_runs_going_on_and_finished_and_list_leaves_marks_out() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let svc = named(&url, "reports").await;
+    let opts = LockOptions::new().ttl(Duration::from_secs(1));
+    let tick = Duration::from_secs(3);
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    let report = lockrt::spawn_every(&svc, "job:report", tick, opts, move |_| {
+        let done_tx = done_tx.clone();
+        async move {
+            let _ = done_tx.send(());
+        }
+    })
+    .unwrap();
+    let (busy_tx, mut busy) = tokio::sync::mpsc::unbounded_channel();
+    let sync = lockrt::spawn_every(&svc, "job:sync", tick, opts, move |_| {
+        let _ = busy_tx.send(());
+        // Runs until stopped.
+        std::future::pending::<()>()
+    })
+    .unwrap();
+    done.recv().await.expect("a report ran");
+    busy.recv().await.expect("a sync runs");
+
+    let out = run(&url, &["jobs"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let shown = text(&out);
+    println!("{shown}");
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), 3, "{shown}");
+    assert!(lines[0].starts_with("JOB"), "{shown}");
+    let pid = std::process::id().to_string();
+    let report_line: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(&report_line[..2], ["\"job:report\"", "finished"], "{shown}");
+    assert!(report_line[2].starts_with("\"reports\"@"), "{shown}");
+    assert_eq!(report_line[3], pid, "{shown}");
+    let sync_line: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(&sync_line[..2], ["\"job:sync\"", "running"], "{shown}");
+
+    let out = run(&url, &["--json", "jobs", "job:report"]).await;
+    let all: serde_json::Value = serde_json::from_str(&text(&out)).expect("JSON");
+    assert_eq!(all.as_array().map(Vec::len), Some(1), "{all}");
+    assert_eq!(all[0]["name"], "job:report");
+    assert_eq!(all[0]["finished"]["holder"]["service"], "reports");
+    assert_eq!(all[0]["finished"]["released"], true);
+
+    // The finished tick's claim is no held lock; the running one's is.
+    let out = run(&url, &["list", "job:*"]).await;
+    let listed = text(&out);
+    assert!(!listed.contains("job:report:tick:"), "{listed}");
+    assert!(listed.contains("job:sync:tick:"), "{listed}");
+    let out = run(&url, &["list", "--released", "job:report:*"]).await;
+    assert!(text(&out).contains("job:report:tick:"), "{}", text(&out));
+
+    report.stop(lockrt::Stop::AfterRun).await.unwrap();
+    sync.stop(lockrt::Stop::Now).await.unwrap();
+    svc.shutdown().await;
+}

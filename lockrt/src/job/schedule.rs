@@ -34,10 +34,12 @@ const MAX_CRON_STEPS: u32 = 20_000;
 /// Where the longest gap of a cron schedule is measured from: 2001-01-01T00:00:00Z, fixed so
 /// that every instance sizes the claim slots alike.
 const GAP_ANCHOR_MS: u128 = 978_307_200_000;
-/// Times enumerated one by one from the anchor, and days sampled after it (four years, a leap
-/// day included), to find the longest gap.
+/// Times enumerated one by one from the anchor; minutes sampled over two days from the first
+/// time; days sampled over four years (a leap day included): to bound the longest gap.
 const GAP_TIMES: u32 = 2_048;
+const GAP_MINUTES: u128 = 2 * 24 * 60;
 const GAP_DAYS: u128 = 4 * 365 + 1;
+const MINUTE_MS: u128 = 60_000;
 const DAY_MS: u128 = 86_400_000;
 
 /// When the ticks of [`every`](crate::every) start: a fixed tick (`Duration`, ticks at its
@@ -324,31 +326,36 @@ impl Cron {
         None
     }
 
-    /// The longest gap between two scheduled times, from [`GAP_ANCHOR_MS`]: the first
-    /// [`GAP_TIMES`] times one by one; then, in case the schedule is dense there and sparse
-    /// elsewhere, from each midnight (UTC) of four years, the time to the next scheduled time
-    /// (a gap holding a midnight is at most that plus a day). Plus the zone's daylight-saving
-    /// shift, which lengthens a gap by the repeated hour. `None` when nothing is scheduled.
+    /// A bound on the longest gap between two scheduled times. A cron expression's fields are
+    /// a product: every scheduled day has the same times of day (daylight-saving time aside,
+    /// added as the zone's shift). So: gaps within a day are seen in the first [`GAP_TIMES`]
+    /// times (under a minute) or from the minutes of two days after the first time (a gap of a
+    /// minute or more holds a whole minute `m`, and is shorter than a minute more than from
+    /// `m` to the next time); gaps across days hold a midnight (UTC) `d`, and are shorter than a
+    /// day more than from `d` to the next time, over four years. A sample that is itself
+    /// scheduled holds no gap. `None` when nothing is scheduled.
     fn longest_gap(&self) -> Option<u128> {
-        let mut at = self.next(GAP_ANCHOR_MS - 1)?;
+        let first = self.next(GAP_ANCHOR_MS - 1)?;
+        let mut at = first;
         let mut dense = 0;
         for _ in 0..GAP_TIMES {
             let Some(next) = self.next(at) else { break };
             dense = dense.max(next - at);
             at = next;
         }
-        let sampled = (0..GAP_DAYS)
-            .filter_map(|d| {
-                let day = GAP_ANCHOR_MS + d * DAY_MS;
-                self.next(day).map(|n| n - day)
-            })
-            .max()
-            .unwrap_or(0);
-        let longest = if sampled > dense {
-            sampled + DAY_MS
-        } else {
-            dense
-        };
+        // From each sample, the time to the next scheduled time at or after it.
+        let from = |sample: u128| self.next(sample - 1).map_or(0, |n| n - sample);
+        let minute0 = first / MINUTE_MS * MINUTE_MS;
+        let minutes = (0..GAP_MINUTES)
+            .map(|m| from(minute0 + m * MINUTE_MS))
+            .max();
+        let days = (0..GAP_DAYS)
+            .map(|d| from(GAP_ANCHOR_MS + d * DAY_MS))
+            .max();
+        let slack = |found: Option<u128>, step| found.filter(|&f| f > 0).map_or(0, |f| f + step);
+        let longest = dense
+            .max(slack(minutes, MINUTE_MS))
+            .max(slack(days, DAY_MS));
         Some(longest.max(1_000) + self.dst_shift_ms())
     }
 
@@ -453,7 +460,7 @@ mod tests {
         // Friday 17:00 to Monday 09:00 (64 h), within a day, plus the DST hour.
         let longest = office.longest_ms();
         assert!(longest >= 64 * 3_600_000, "{longest}");
-        assert!(longest <= 89 * 3_600_000, "{longest}");
+        assert!(longest <= 90 * 3_600_000, "{longest}");
         assert!(office.slot_life() >= 5 * 64 * 3_600_000);
         let utc = Schedule::cron("* * * * * *", "UTC").unwrap();
         assert_eq!(utc.longest_ms(), 1_000);
@@ -464,6 +471,16 @@ mod tests {
             (t.end, t.next_end, t.slot),
             (1_001_000, 1_002_000, 1_000 % 607)
         );
+    }
+
+    #[test]
+    fn a_gap_inside_the_day_is_bounded_too() {
+        // Every second but the noon hour: a gap of an hour and a second once a day.
+        let lunch = Schedule::cron("* * 0-11,13-23 * * *", "UTC").unwrap();
+        assert!(lunch.longest_ms() >= 3_601_000, "{}", lunch.longest_ms());
+        assert!(lunch.longest_ms() <= 3_661_000, "{}", lunch.longest_ms());
+        let nightly = Schedule::cron("0 2 * * *", "UTC").unwrap();
+        assert!(nightly.longest_ms() >= DAY_MS, "{}", nightly.longest_ms());
     }
 
     #[test]
