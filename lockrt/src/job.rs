@@ -367,10 +367,13 @@ impl Job<'_> {
     }
 
     /// Whether the released claim `info` is the mark of a finished run of `tick`, not of an
-    /// older tick that used its slot before (taken a tick or more earlier).
+    /// older tick that used its slot before (taken many ticks earlier). A runner whose clock
+    /// is ahead took it before the tick starts here: by as much as a mark is kept (a tick, at
+    /// least a second), the skew the promise covers.
     fn marks(&self, info: &crate::inspect::LockInfo, tick: Tick) -> bool {
         let acquired = info.holder.as_ref().map_or(0, |h| h.acquired_at_ms);
-        info.released && self.schedule.shift(u128::from(acquired)) + tick.gap() >= tick.start
+        let skew = tick.gap().max(KEEP_PAST_END.as_millis());
+        info.released && self.schedule.shift(u128::from(acquired)) + skew >= tick.start
     }
 
     fn now(&self) -> u128 {
@@ -536,7 +539,9 @@ impl Job<'_> {
         // instance may be running the tick then. A finished job marks the tick done at once,
         // so whatever releases the claim from then on (a shutdown racing the job lock's
         // release) keeps it. `Stop::Now` cancels it unfinished: the claim is freed.
+        let started = std::sync::atomic::AtomicBool::new(false);
         let body = async {
+            started.store(true, std::sync::atomic::Ordering::Relaxed);
             tokio::select! {
                 biased;
                 () = lease.lost() => Body::Lost,
@@ -547,7 +552,20 @@ impl Job<'_> {
                 }
             }
         };
-        let turn = match self.locker.run(name, run_opts, body).await {
+        // A stop while the run waits for the job's lock (the previous run overran): nothing
+        // ran, the wait ends. Once the job started, `Stop::AfterRun` lets it finish.
+        let stopped_before_start = async {
+            self.stop.ending.cancelled().await;
+            if started.load(std::sync::atomic::Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
+        };
+        let ran = tokio::select! {
+            biased;
+            r = self.locker.run(name, run_opts, body) => r,
+            () = stopped_before_start => Ok(Body::Halted),
+        };
+        let turn = match ran {
             Ok(Body::Done) if late => Turn::Late,
             Ok(Body::Done) => Turn::Ran,
             Ok(Body::Lost) => Turn::Lost,

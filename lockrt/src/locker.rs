@@ -77,6 +77,9 @@ pub(crate) struct Inner {
     /// Background clean-ups of acquisitions that ended without a guard, which `shutdown`
     /// lets finish.
     pub(crate) cleanups: tokio_util::task::TaskTracker,
+    /// Jobs of `spawn_every`, which `shutdown` ends and waits for. Apart from `cleanups`:
+    /// a job's own section waits for those at shutdown, and must not wait for itself.
+    pub(crate) jobs: tokio_util::task::TaskTracker,
     next_lease: AtomicU64,
 }
 
@@ -138,6 +141,7 @@ impl Locker {
                 waiting: AtomicUsize::new(0),
                 closing: CancellationToken::new(),
                 cleanups: tokio_util::task::TaskTracker::new(),
+                jobs: tokio_util::task::TaskTracker::new(),
                 next_lease: AtomicU64::new(1),
             }),
         }
@@ -312,10 +316,25 @@ impl Locker {
                 .cleanups
                 .spawn(async move { locker.release_for_shutdown(&lease, bound).await });
         }
+        // Closed first: a tracker's waiters (a job's section settling at shutdown, below)
+        // wait for it to be closed and empty.
+        self.inner.cleanups.close();
+        // Spawned jobs end with the closing (their runs see the lock lost, their claims are
+        // released): first, since what they release is among the clean-ups below.
+        self.inner.jobs.close();
+        if tokio::time::timeout(bound, self.inner.jobs.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                pending = self.inner.jobs.len(),
+                bound_ms = bound.as_millis() as u64,
+                "shutdown gave up waiting for spawned jobs to end"
+            );
+        }
         // Releases of dropped guards and sections still under way, and acquisitions that gave
         // up (their queue place, or a lock a release handed them in that instant): all finish
         // before the process may exit.
-        self.inner.cleanups.close();
         if !self.settle(bound).await {
             tracing::warn!(
                 pending = self.inner.cleanups.len(),

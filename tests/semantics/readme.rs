@@ -85,6 +85,7 @@ mod prelude {
         Ok(1)
     }
     pub(crate) async fn send_report(_: SystemTime) {}
+    pub(crate) async fn clean_up(_: SystemTime) {}
     pub(crate) async fn nightly_report() -> Result<(), LockError> {
         Ok(())
     }

@@ -137,7 +137,7 @@ where
     })?;
     let stop = Stopper::default();
     let task = {
-        let tracker = locker.inner.cleanups.clone();
+        let tracker = locker.inner.jobs.clone();
         let (locker, name, stop) = (locker.clone(), name.to_owned(), stop.clone());
         let run = async move {
             let j = Job {

@@ -367,8 +367,16 @@ impl Cron {
                 i64::from(t.with_timezone(&self.zone).offset().fix().local_minus_utc())
             })
         };
-        let (jan, jul) = (offset(979_516_800_000), offset(995_155_200_000));
-        u128::from(jan.abs_diff(jul)) * 1000
+        // Every week of 1990-2060: a zone's shifts need not be summer time in July (Morocco
+        // sets its clocks back for Ramadan, a month that moves through the year).
+        const WEEK_MS: i64 = 7 * 24 * 3_600_000;
+        let (from, to) = (631_152_000_000_i64, 2_840_140_800_000_i64);
+        let (mut low, mut high) = (i64::MAX, i64::MIN);
+        for t in (from..to).step_by(WEEK_MS as usize) {
+            let o = offset(t);
+            (low, high) = (low.min(o), high.max(o));
+        }
+        u128::from(high.abs_diff(low)) * 1000
     }
 }
 
@@ -481,6 +489,20 @@ mod tests {
         assert!(lunch.longest_ms() <= 3_661_000, "{}", lunch.longest_ms());
         let nightly = Schedule::cron("0 2 * * *", "UTC").unwrap();
         assert!(nightly.longest_ms() >= DAY_MS, "{}", nightly.longest_ms());
+    }
+
+    #[test]
+    fn a_zone_shifting_its_clocks_outside_july_sizes_the_slots_too() {
+        // Morocco sets its clocks back an hour for Ramadan (not in 2001's January or July):
+        // a per-second cron's tick across the change lasts an hour and a second.
+        let casablanca = Schedule::cron("* * * * * *", "Africa/Casablanca").unwrap();
+        assert!(
+            casablanca.longest_ms() >= 3_601_000,
+            "{}",
+            casablanca.longest_ms()
+        );
+        let utc = Schedule::cron("* * * * * *", "UTC").unwrap();
+        assert_eq!(utc.longest_ms(), 1_000);
     }
 
     #[test]
