@@ -250,7 +250,7 @@ impl BackendError {
     }
 
     /// Whether no connection to the server could be made (it refused, or the connect timed
-    /// out, or no Sentinel answered, or no Cluster node): the last try was never sent (an
+    /// out, or no Sentinel answered): the last try was never sent (an
     /// earlier one of the same call may have landed; lockrt cleans up after it). A service
     /// answers this with 503 at once; the outage is logged once per interval, not per call.
     ///

@@ -307,20 +307,6 @@ impl Link {
         }
     }
 
-    /// The error of a request that failed with `e`. On a Cluster, whose connection lives on
-    /// while its nodes are gone, one that reached no node is an outage like a refused connect.
-    pub(crate) fn request_error(&self, e: &RedisError) -> BackendError {
-        let err = self.error(e);
-        let no_node = e.kind() == redis::ErrorKind::ClusterConnectionNotFound;
-        if self.connector.is_cluster()
-            && err.is_transient()
-            && (no_node || e.is_connection_refusal())
-        {
-            return self.unreachable(err);
-        }
-        err
-    }
-
     /// A request was answered: an outage, if one was under way, is over.
     pub(crate) fn served(&self) {
         self.outage.served(&self.addr);

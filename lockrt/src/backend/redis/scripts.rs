@@ -233,7 +233,7 @@ impl Scripts {
             Ok(r) => r,
             Err(e) => {
                 self.link.after_failure(generation, &e);
-                return Err(self.link.request_error(&e));
+                return Err(self.link.error(&e));
             }
         };
         self.link.served();
