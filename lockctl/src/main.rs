@@ -23,7 +23,8 @@
 //!
 //! `list` and `watch` show held locks: a released lock kept taken (`min_hold`, the mark of a
 //! finished `every` tick) only with `list --released`. `jobs` shows each `every` job with a
-//! claim on the server: its run going on and its latest finished run, by whom.
+//! claim on the server: its run going on and its latest finished run, by whom, and the latest
+//! run's outcome and the next tick as its runner recorded them.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -66,7 +67,7 @@ enum Command {
         released: bool,
     },
     /// The scheduled jobs (lockrt::every) with a claim on the server: the run going on and the
-    /// latest finished run, by whom.
+    /// latest finished run, by whom; the latest run's outcome and the next tick.
     Jobs {
         /// A glob over the job names.
         #[arg(default_value = "*")]
@@ -216,10 +217,15 @@ async fn jobs(locker: &Locker, pattern: &str, json: bool) -> Result<ExitCode, St
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:<32} {:<8} {:<40} {:<26} {:>10}",
-        "JOB", "STATE", "LAST RUN BY", "LAST RUN CLAIMED AT", "AGO"
+        "{:<32} {:<8} {:<40} {:<26} {:>10} {:<9} {:<26}",
+        "JOB", "STATE", "LAST RUN BY", "LAST RUN CLAIMED AT", "AGO", "OUTCOME", "NEXT TICK"
     );
     for j in &jobs {
+        // The latest run's record: its outcome, and the tick after it.
+        let (outcome, next) = j.last.as_ref().map_or_else(
+            || ("-".to_owned(), "-".to_owned()),
+            |r| (format!("{:?}", r.outcome), when(r.next_ms).0),
+        );
         let (state, last) = match (&j.running, &j.finished) {
             (Some(r), _) => ("running", r),
             (None, Some(f)) => ("finished", f),
@@ -233,12 +239,14 @@ async fn jobs(locker: &Locker, pattern: &str, json: bool) -> Result<ExitCode, St
             },
         );
         println!(
-            "{:<32} {:<8} {:<40} {:<26} {:>10}",
+            "{:<32} {:<8} {:<40} {:<26} {:>10} {:<9} {:<26}",
             format!("{:?}", j.name),
             state,
             by,
             at,
-            ago
+            ago,
+            outcome,
+            next
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -250,6 +258,15 @@ fn job_json(j: &JobStatus) -> serde_json::Value {
         "name": j.name,
         "running": j.running.as_ref().map(to_json),
         "finished": j.finished.as_ref().map(to_json),
+        "last": j.last.as_ref().map(|r| serde_json::json!({
+            "tick_ms": r.tick_ms,
+            "outcome": r.outcome,
+            "next_ms": r.next_ms,
+            "ended_ms": r.ended_ms,
+            "by": r.by.as_ref().map(|h| serde_json::json!({
+                "service": h.service, "host": h.host, "pid": h.pid, "instance_id": h.instance_id,
+            })),
+        })),
     })
 }
 

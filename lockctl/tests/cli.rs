@@ -381,6 +381,15 @@ async fn jobs_show_runs_going_on_and_finished_and_list_leaves_marks_out() {
     .unwrap();
     done.recv().await.expect("a report ran");
     busy.recv().await.expect("a sync runs");
+    // The record of the finished run is written once the run has ended.
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while svc.jobs("job:report").await.unwrap()[0].last.is_none() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "no record of the report's run"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     let out = run(&url, &["jobs"]).await;
     assert!(out.status.success(), "{out:?}");
@@ -394,6 +403,8 @@ async fn jobs_show_runs_going_on_and_finished_and_list_leaves_marks_out() {
     assert_eq!(&report_line[..2], ["\"job:report\"", "finished"], "{shown}");
     assert!(report_line[2].starts_with("\"reports\"@"), "{shown}");
     assert_eq!(report_line[3], pid, "{shown}");
+    assert_eq!(report_line[6], "\"ran\"", "{shown}");
+    assert!(report_line[7].starts_with("20"), "a next tick: {shown}");
     let sync_line: Vec<&str> = lines[2].split_whitespace().collect();
     assert_eq!(&sync_line[..2], ["\"job:sync\"", "running"], "{shown}");
 
@@ -403,6 +414,11 @@ async fn jobs_show_runs_going_on_and_finished_and_list_leaves_marks_out() {
     assert_eq!(all[0]["name"], "job:report");
     assert_eq!(all[0]["finished"]["holder"]["service"], "reports");
     assert_eq!(all[0]["finished"]["released"], true);
+    let last = &all[0]["last"];
+    assert_eq!(last["outcome"], "ran", "{all}");
+    let (tick, next) = (last["tick_ms"].as_u64(), last["next_ms"].as_u64());
+    assert_eq!(next, tick.map(|t| t + 3_000), "{all}");
+    assert_eq!(last["by"]["service"], "reports", "{all}");
 
     // The finished tick's claim is no held lock; the running one's is.
     let out = run(&url, &["list", "job:*"]).await;

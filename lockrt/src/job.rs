@@ -32,7 +32,7 @@ use handle::Stopper;
 pub use handle::{JobHandle, Stop, spawn_every};
 pub use schedule::Schedule;
 use schedule::{KEEP_PAST_END, Tick};
-pub use status::JobStatus;
+pub use status::{JobRun, JobStatus};
 
 /// Bounds the sleeps towards one tick start: a wall clock set back wakes the sleeper early,
 /// and it sleeps again, but not without end.
@@ -591,7 +591,7 @@ impl Job<'_> {
             }
             Err(e) => return Err(e),
         };
-        self.end_turn(claim, turn).await
+        self.end_turn(tick, claim, turn).await
     }
 }
 
@@ -685,12 +685,14 @@ impl Job<'_> {
     /// tick runs it.
     async fn end_turn(
         &self,
+        tick: Tick,
         claim: crate::guard::LockGuard,
         turn: Turn,
     ) -> Result<Turn, LockError> {
         let name = self.name;
         if let Some(outcome) = turn.outcome() {
             crate::metrics::job_run(name, outcome);
+            self.note_run(tick, outcome).await;
         }
         if matches!(turn, Turn::Ran | Turn::Late) {
             crate::metrics::job_succeeded(name, self.now());
@@ -706,6 +708,23 @@ impl Job<'_> {
             return Err(LockError::ShutDown);
         }
         Ok(turn)
+    }
+
+    /// Leaves the job's latest run on the server for `lockctl jobs` (`job/status.rs`): the
+    /// tick, its outcome, the next tick and when, with this instance's owner record. Kept as
+    /// long as the job's claims live (at least ten minutes). Best effort: a failure is only
+    /// logged (the run itself is already counted and logged).
+    async fn note_run(&self, tick: Tick, outcome: &str) {
+        let Ok(key) = crate::key::LockKey::new(self.locker.prefix(), self.name) else {
+            return;
+        };
+        let text = status::note_text(tick.start, outcome, tick.end, self.now());
+        let keep = Duration::from_millis(duration_ms(self.schedule.slot_life().max(600_000)));
+        let name = key.job_note().to_string();
+        let res = self.locker.backend().put_note(&name, &text, keep).await;
+        if let Err(e) = res {
+            tracing::debug!(job = self.name, error = %e, "job status not written");
+        }
     }
 
     fn log_turn(&self, tick: Tick, turn: Turn) {

@@ -82,6 +82,11 @@ impl LockKey {
         Aux::new(&self.tag, ":owner")
     }
 
+    /// `{lock}:job`: the latest run of the job of `every` this key names (`job/status.rs`).
+    pub(crate) fn job_note(&self) -> Aux<'_> {
+        Aux::new(&self.tag, ":job")
+    }
+
     /// `{lock}:s`: the shared holders (readers or permit holders), token -> lease expiry
     /// (server ms). Writers and exclusive holders check it, so they exclude readers.
     pub(crate) fn shared(&self) -> Aux<'_> {

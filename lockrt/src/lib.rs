@@ -117,7 +117,7 @@ pub use context::{current_lock, default_locker, set_default};
 pub use error::{BackendError, FromLockError, LockError, LossCause};
 pub use guard::{HeldLock, LockGuard};
 pub use inspect::{LockInfo, MAX_LISTED, ShareInfo};
-pub use job::{JobHandle, JobStatus, Schedule, Stop, every, spawn_every};
+pub use job::{JobHandle, JobRun, JobStatus, Schedule, Stop, every, spawn_every};
 pub use locker::{Locker, LockerStats};
 pub use multi::MultiGuard;
 pub use options::{LockKind, LockOptions, OnLost, Wait};

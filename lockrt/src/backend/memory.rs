@@ -42,6 +42,8 @@ struct State {
     last_fence: u64,
     // Size at which expired entries are swept, so abandoned keys cannot pile up.
     sweep_at: usize,
+    /// Notes for operators (`put_note`): text and expiry.
+    notes: HashMap<String, (String, Instant)>,
 }
 
 impl State {
@@ -55,6 +57,7 @@ impl State {
         self.locks.retain(|_, h| h.expires > now);
         self.shared.retain(|_, s| s.live(now) > 0);
         self.queues.retain(|_, q| !q.is_empty());
+        self.notes.retain(|_, (_, expires)| *expires > now);
         self.sweep_at = (self.locks.len() + self.shared.len() + self.queues.len()) * 2;
     }
 
@@ -368,6 +371,26 @@ impl MemoryBackend {
         for p in peers {
             p.message(tag, Notice::Released);
         }
+    }
+
+    /// Writes `text` (this locker's owner record appended) at `name` for `ttl`, as the Redis
+    /// backend's `SET .. PX`.
+    pub(crate) fn put_note(&self, name: &str, text: &str, ttl: Duration) {
+        let now = Instant::now();
+        let mut st = self.state();
+        st.sweep(now);
+        let value = format!("{text}|{}", self.owner);
+        st.notes.insert(name.to_owned(), (value, now + ttl));
+    }
+
+    /// The live note at `name`, if any.
+    pub(crate) fn get_note(&self, name: &str) -> Option<String> {
+        let now = Instant::now();
+        let st = self.state();
+        st.notes
+            .get(name)
+            .filter(|(_, expires)| *expires > now)
+            .map(|(text, _)| text.clone())
     }
 
     /// One live lock as inspection reports it.

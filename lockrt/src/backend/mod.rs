@@ -166,6 +166,31 @@ impl Backend {
         })
     }
 
+    /// Writes an operator's note `text` at Redis name `name` for `ttl` (with this locker's
+    /// owner record appended): a job's latest run, which `lockctl jobs` reads.
+    pub(crate) async fn put_note(
+        &self,
+        name: &str,
+        text: &str,
+        ttl: Duration,
+    ) -> Result<(), BackendError> {
+        match self {
+            Backend::Redis(b) => b.put_note(name, text, ttl).await,
+            Backend::Memory(b) => {
+                b.put_note(name, text, ttl);
+                Ok(())
+            }
+        }
+    }
+
+    /// The note at `name`, if any (see [`put_note`](Self::put_note)).
+    pub(crate) async fn get_note(&self, name: &str) -> Result<Option<String>, BackendError> {
+        match self {
+            Backend::Redis(b) => b.get_note(name).await,
+            Backend::Memory(b) => Ok(b.get_note(name)),
+        }
+    }
+
     /// The names of the held locks matching glob `pattern`, at most `limit`.
     pub(crate) async fn scan(
         &self,

@@ -19,6 +19,51 @@ pub struct JobStatus {
     /// The mark of the latest finished run still kept (a tick, at least a second, past its
     /// tick's end): its holder ran it, `holder.acquired_at_ms` is when it claimed the tick.
     pub finished: Option<LockInfo>,
+    /// The latest run's record, as the instance that ran it left it (kept as long as the
+    /// job's claims live, at least ten minutes): its outcome and the next tick.
+    pub last: Option<JobRun>,
+}
+
+/// The latest run of a job, as [`JobStatus::last`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobRun {
+    /// The tick's scheduled start (Unix ms).
+    pub tick_ms: u64,
+    /// `ran`, `late`, `lost`, `max_hold`, `failed`, `overran` or `stopped` (the outcomes of
+    /// `lockrt_job_runs_total`).
+    pub outcome: String,
+    /// The next tick's scheduled start (Unix ms).
+    pub next_ms: u64,
+    /// When the run ended (Unix ms, the runner's clock).
+    pub ended_ms: u64,
+    /// Who ran it: the runner's owner record (service, host, pid, locker instance).
+    pub by: Option<crate::owner::Holder>,
+}
+
+/// The note a runner leaves (its owner record is appended by the backend).
+pub(super) fn note_text(tick: u128, outcome: &str, next: u128, now: u128) -> String {
+    format!("{tick}|{outcome}|{next}|{now}")
+}
+
+/// A note of [`note_text`], its owner record after it.
+fn parse_note(note: &str) -> Option<JobRun> {
+    let mut parts = note.splitn(5, '|');
+    let tick_ms = parts.next()?.parse().ok()?;
+    let outcome = parts.next()?.to_owned();
+    let next_ms = parts.next()?.parse().ok()?;
+    let ended_ms = parts.next()?.parse().ok()?;
+    // The owner record, read as the owner key's value is (acquired-at, then the owner).
+    let by = parts
+        .next()
+        .and_then(|owner| crate::owner::Holder::parse(&format!("{ended_ms}|{owner}")));
+    Some(JobRun {
+        tick_ms,
+        outcome,
+        next_ms,
+        ended_ms,
+        by,
+    })
 }
 
 impl Locker {
@@ -58,6 +103,7 @@ impl Locker {
                 name: name.to_owned(),
                 running: None,
                 finished: None,
+                last: None,
             });
             let place = if claim.released {
                 &mut job.finished
@@ -70,6 +116,11 @@ impl Locker {
             {
                 *place = Some(claim);
             }
+        }
+        for job in jobs.values_mut() {
+            let key = crate::key::LockKey::new(self.prefix(), &job.name)?;
+            let note = self.backend().get_note(&key.job_note().to_string()).await?;
+            job.last = note.as_deref().and_then(parse_note);
         }
         Ok(jobs.into_values().collect())
     }
@@ -88,6 +139,22 @@ fn acquired(l: &LockInfo) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_note_reads_back_as_the_run_it_records() {
+        let text = note_text(1_000, "max_hold", 2_000, 1_500);
+        let run = parse_note(&format!(
+            "{text}|svc|host|42|00000000-0000-0000-0000-000000000000"
+        ))
+        .expect("a run");
+        assert_eq!(
+            (run.tick_ms, run.next_ms, run.ended_ms),
+            (1_000, 2_000, 1_500)
+        );
+        assert_eq!(run.outcome, "max_hold");
+        assert_eq!(run.by.map(|h| h.pid), Some(42));
+        assert_eq!(parse_note("garbage"), None);
+    }
 
     #[test]
     fn claim_keys_name_their_job() {

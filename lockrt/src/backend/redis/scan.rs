@@ -110,3 +110,40 @@ async fn scan_matching(
         }
     }
 }
+
+impl RedisBackend {
+    /// Writes `text` (this locker's owner record appended) at `name` for `ttl`: a plain `SET`,
+    /// a note for operators (a job's latest run), never read by a lock operation.
+    pub(crate) async fn put_note(
+        &self,
+        name: &str,
+        text: &str,
+        ttl: std::time::Duration,
+    ) -> Result<(), BackendError> {
+        let (mut conn, generation) = self.link.conn().await?;
+        let value = format!("{text}|{}", self.owner);
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let res: Result<(), RedisError> = redis::cmd("SET")
+            .arg(name)
+            .arg(value)
+            .arg("PX")
+            .arg(ms)
+            .query_async(&mut conn)
+            .await;
+        res.map_err(|e| {
+            self.link.after_failure(generation, &e);
+            self.link.error(&e)
+        })
+    }
+
+    /// The note at `name`, if any (see [`put_note`](Self::put_note)).
+    pub(crate) async fn get_note(&self, name: &str) -> Result<Option<String>, BackendError> {
+        let (mut conn, generation) = self.link.conn().await?;
+        let res: Result<Option<String>, RedisError> =
+            redis::cmd("GET").arg(name).query_async(&mut conn).await;
+        res.map_err(|e| {
+            self.link.after_failure(generation, &e);
+            self.link.error(&e)
+        })
+    }
+}
