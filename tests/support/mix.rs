@@ -790,7 +790,8 @@ impl ServerState {
                         ));
                     }
                 }
-                "state" | "q" | "w" | "owner" | "si" => {}
+                // `job`: a job's latest run (`lockctl jobs`), a note with a TTL.
+                "state" | "q" | "w" | "owner" | "si" | "job" => {}
                 _ => st
                     .violations
                     .push(format!("{key:?}: a key of no known kind")),
