@@ -85,12 +85,19 @@ async fn longest_run_of_one_locker(pass_limit: u32) -> usize {
     let fx = Fx::redis();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for id in 0..2 {
+    // Both lockers connected and all tasks started before the first section: a locker still
+    // connecting has no waiters, and the other rightly runs on meanwhile.
+    let start = Arc::new(tokio::sync::Barrier::new(8));
+    let mut lockers = Vec::new();
+    for _ in 0..2 {
         let builder = lockrt::Locker::builder().local_handoff(pass_limit);
-        let locker = fx.locker_with(builder).await;
+        lockers.push(fx.locker_with(builder).await);
+    }
+    for (id, locker) in lockers.into_iter().enumerate() {
         for _ in 0..4 {
-            let (locker, order) = (locker.clone(), order.clone());
+            let (locker, order, start) = (locker.clone(), order.clone(), start.clone());
             tasks.push(tokio::spawn(async move {
+                start.wait().await;
                 for _ in 0..15 {
                     locker
                         .run("turns", opts().wait(ms(30_000)), async {
