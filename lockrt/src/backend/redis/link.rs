@@ -307,11 +307,6 @@ impl Link {
         }
     }
 
-    /// A request was answered: an outage, if one was under way, is over.
-    pub(crate) fn served(&self) {
-        self.outage.served(&self.addr);
-    }
-
     /// A scrubbed error naming cause and fix, transient or not as redis-rs's own
     /// `retry_method` says.
     pub(crate) fn error(&self, e: &RedisError) -> BackendError {

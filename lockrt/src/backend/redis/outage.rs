@@ -6,7 +6,6 @@
 //! and every request waited for a connect of its own in turn.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -23,8 +22,6 @@ pub(crate) const CONNECT_SPACING: Duration = Duration::from_millis(100);
 #[derive(Default)]
 pub(crate) struct Outage {
     state: Mutex<State>,
-    /// Whether an outage is under way: what a request that succeeded reads, without the lock.
-    down: AtomicBool,
 }
 
 #[derive(Default)]
@@ -54,7 +51,10 @@ impl Outage {
         if at < asked && at.elapsed() >= CONNECT_SPACING {
             return None;
         }
-        st.count(&e);
+        // A refused password is no outage: said as it is, not as "still unreachable".
+        if st.since.is_some() {
+            st.count(&e);
+        }
         Some(e)
     }
 
@@ -64,19 +64,11 @@ impl Outage {
         self.state().latest = Some((Instant::now(), e.clone()));
     }
 
-    /// A request succeeded: the end of an outage, if one was under way.
-    pub(crate) fn served(&self, addr: &str) {
-        if self.down.load(Ordering::Acquire) {
-            self.connected(addr);
-        }
-    }
-
     /// A connect failed with `e`.
     pub(crate) fn failed(&self, e: &BackendError) {
         let mut st = self.state();
         let now = Instant::now();
         st.latest = Some((now, e.clone()));
-        self.down.store(true, Ordering::Release);
         if st.since.is_none() {
             st.since = Some(now);
             st.total = 0;
@@ -98,7 +90,6 @@ impl Outage {
     pub(crate) fn connected(&self, addr: &str) {
         let mut st = self.state();
         st.latest = None;
-        self.down.store(false, Ordering::Release);
         let Some(since) = st.since.take() else {
             return;
         };
@@ -155,5 +146,9 @@ mod tests {
         assert_eq!(o.state().total, 2);
         o.connected("a");
         assert!(o.state().since.is_none() && o.answer(asked).is_none());
+        // A refused password answers the next calls too, but is no outage.
+        o.refused(&BackendError::new("a", "WRONGPASS").permanent());
+        assert!(o.answer(Instant::now()).is_some());
+        assert!(o.state().since.is_none());
     }
 }

@@ -1,4 +1,5 @@
-//! Finding held locks: `SCAN` on the server, or on every master of a Cluster.
+//! Finding held locks: `SCAN` on the server, or on every master of a Cluster; and the plain
+//! notes beside them for operators (a job's latest run).
 
 use redis::aio::ConnectionLike;
 use redis::{AsyncConnectionConfig, RedisError};

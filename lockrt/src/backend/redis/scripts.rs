@@ -236,7 +236,6 @@ impl Scripts {
                 return Err(self.link.error(&e));
             }
         };
-        self.link.served();
         let acks = if sync.is_some() { reply.pop() } else { None };
         let Value::Array(mut reply) = reply.pop().unwrap_or(Value::Nil) else {
             self.link.discard(generation);
